@@ -1,0 +1,37 @@
+# mazerl — the two commands that matter: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MAZERL := $(VENV)/bin/mazerl
+# Reinstall when the dependency list changes.
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# VisGym's 64+64 reference mazes, when the shared fixtures sit beside the checkout.
+REFERENCE ?= $(wildcard ../shared/fixtures/visgym_maze2d_public.json)
+DEMO_OUT ?= outputs/demo
+
+.PHONY: install test demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# torch/torchvision are pinned as a pair: both install from this machine's disk (README).
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+demo: install
+	$(MAZERL) mazes generate --preset default --out $(DEMO_OUT)/mazes --overwrite --workers 2 \
+		$(if $(REFERENCE),--reference $(REFERENCE),)
+
+bench: install
+	$(PY) benchmarks/bench_mazes.py --json $(DEMO_OUT)/bench_mazes.json
+
+clean:
+	rm -rf outputs .pytest_cache

@@ -1,0 +1,1 @@
+"""The multi-turn maze environment: actions in, image + feedback out, episode statistics."""

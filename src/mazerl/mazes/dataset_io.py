@@ -1,0 +1,118 @@
+"""The maze table: one parquet file per split, a fixed schema every later step reads.
+
+Columns (one row per maze task):
+  maze_id str, split str, height/width int (grid squares, odd), grid list<list<int8>> (1 = wall),
+  start/goal list<int16> ([row, col]), shortest_path_moves int, layout_hash str (walls + start +
+  goal, up to the 8 symmetries), walls_hash str (walls alone), algorithm str, seed int, placement str,
+  max_turns int (the split's turn budget), dead_end_cells, forks_on_solution, turns_on_solution,
+  dead_ends_next_to_solution (ints: difficulty strata), and the render options square_px, palette,
+  agent_marker, goal_marker, wall_style; source_split (str or null: where a redrawn layout came from).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..atomic import atomic_path
+from .layout import Maze, MazeError
+from .render import RenderOptions
+
+SCHEMA = pa.schema(
+    [
+        ("maze_id", pa.string()),
+        ("split", pa.string()),
+        ("height", pa.int16()),
+        ("width", pa.int16()),
+        ("grid", pa.list_(pa.list_(pa.int8()))),
+        ("start", pa.list_(pa.int16())),
+        ("goal", pa.list_(pa.int16())),
+        ("shortest_path_moves", pa.int32()),
+        ("layout_hash", pa.string()),
+        ("walls_hash", pa.string()),
+        ("algorithm", pa.string()),
+        ("seed", pa.int64()),
+        ("placement", pa.string()),
+        ("max_turns", pa.int32()),
+        ("dead_end_cells", pa.int32()),
+        ("forks_on_solution", pa.int32()),
+        ("turns_on_solution", pa.int32()),
+        ("dead_ends_next_to_solution", pa.int32()),
+        ("square_px", pa.int16()),
+        ("palette", pa.string()),
+        ("agent_marker", pa.string()),
+        ("goal_marker", pa.string()),
+        ("wall_style", pa.string()),
+        ("source_split", pa.string()),
+    ]
+)
+COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+RENDER_COLUMNS = ("square_px", "palette", "agent_marker", "goal_marker", "wall_style")
+
+
+def write_split(rows: list[dict], path: str | Path) -> None:
+    """Write rows (dicts with every column) to `path` atomically."""
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def read_split(path: str | Path) -> pd.DataFrame:
+    """Read a split and check it has every column of the schema."""
+    path = Path(path)
+    if not path.exists():
+        raise MazeError(f"split file not found: {path}")
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise MazeError(f"{path} is not a readable parquet file: {err}") from None
+    missing = [c for c in COLUMNS if c not in schema.names]
+    if missing:
+        raise MazeError(f"{path} is missing required column(s): {', '.join(missing)}; a maze split needs: {', '.join(COLUMNS)}")
+    return pq.read_table(path, columns=list(COLUMNS)).to_pandas()
+
+
+def row_to_maze(row) -> Maze:
+    grid = np.array([list(r) for r in row["grid"]], dtype=np.uint8)
+    return Maze(grid=grid, start=tuple(row["start"]), goal=tuple(row["goal"]), algorithm=row["algorithm"], seed=int(row["seed"]))
+
+
+def row_render_options(row) -> RenderOptions:
+    return RenderOptions(**{c: (int(row[c]) if c == "square_px" else row[c]) for c in RENDER_COLUMNS})
+
+
+def content_hash(rows: list[dict]) -> str:
+    """SHA-256 over the rows' canonical JSON: independent of parquet encoder versions."""
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(json.dumps(row, sort_keys=True, separators=(",", ":"), default=_jsonable).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def table_content_hash(df: pd.DataFrame) -> str:
+    """The same hash, recomputed from a split read back from disk."""
+    rows = []
+    for rec in df.to_dict("records"):
+        rows.append({k: _jsonable(v) for k, v in rec.items()})
+    return content_hash(rows)
+
+
+def _jsonable(v):
+    if isinstance(v, np.ndarray):
+        return [_jsonable(x) for x in v.tolist()]
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    return v

@@ -1,0 +1,365 @@
+"""Frozen dataset splits: the first pipeline step.
+
+Evaluation splits are drawn from `eval_seed` and never change when the training pool does; the
+`train` split is drawn last from `train_seed` (a scheduled retraining run passes a fresh one),
+excluding every evaluation layout. No layout appears in two splits, except a split that is
+declared `derived_from` another (visual-shift: the same layouts drawn differently).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .. import __version__
+from ..atomic import atomic_directory, check_output_dir, write_json
+from .dataset_io import content_hash, write_split
+from .generators import GENERATORS
+from .hashing import layout_hash, walls_hash
+from .layout import Maze, MazeError, parse_size
+from .render import RenderOptions
+from .sampling import PLACEMENTS, sample_maze
+from .seeding import derive_seed
+from .solver import analyse
+from .visgym import VISGYM_MAX_TURNS, load_visgym_fixture
+
+TRAIN_SPLIT = "train"
+MANIFEST = "manifest.json"
+FORMAT = "mazerl.mazes/v1"
+
+Size = Annotated[tuple[int, int], Field(description="(rows, cols) in cells")]
+
+
+class SplitSpec(BaseModel):
+    """One split. `count` mazes are drawn for every (size, algorithm) combination."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int = Field(ge=1, le=1_000_000)
+    sizes: list[Size] = Field(default_factory=lambda: [(4, 4)])
+    algorithms: list[str] = Field(default_factory=lambda: ["wilson"])
+    placement: Literal["visgym-corners", "random", "dead-ends"] = "visgym-corners"
+    min_moves: int = Field(1, ge=1)
+    max_turns: int | None = Field(None, ge=1, description="turn budget; default max(2*optimal, optimal+10)")
+    render: list[RenderOptions] = Field(default_factory=lambda: [RenderOptions()], min_length=1)
+    derived_from: str | None = Field(None, description="redraw layouts sampled from this split")
+
+    @field_validator("sizes", mode="before")
+    @classmethod
+    def _sizes(cls, v):
+        if not isinstance(v, list) or not v:
+            raise ValueError("sizes must be a non-empty list, e.g. ['visgym-easy', '8x8', [5, 6]]")
+        try:
+            return [parse_size(s) for s in v]
+        except MazeError as err:
+            raise ValueError(str(err)) from None
+
+    @field_validator("algorithms")
+    @classmethod
+    def _algorithms(cls, v: list[str]):
+        bad = [a for a in v if a not in GENERATORS]
+        if bad or not v:
+            raise ValueError(f"unknown algorithm(s) {bad or v}: allowed {', '.join(sorted(GENERATORS))}")
+        return v
+
+
+class DatasetConfig(BaseModel):
+    """Which splits to write and how. Validated at load; errors name the field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eval_seed: int = Field(0, ge=0, description="seeds every evaluation split (kept fixed across runs)")
+    train_seed: int = Field(0, ge=0, description="seeds the train split (new per retraining run)")
+    dedup: Literal["walls", "layout"] = Field(
+        "walls", description="'walls': same walls up to symmetry = same layout (strict); 'layout': walls+start+goal"
+    )
+    reference_splits: dict[str, str] = Field(
+        default_factory=lambda: {"visgym-easy-64": "maze_2d/easy", "visgym-hard-64": "maze_2d/hard"},
+        description="split name -> VisGym env_id, imported from the --reference file",
+    )
+    splits: dict[str, SplitSpec]
+    attempts_per_maze: int = Field(30, ge=1, description="give up after count*this draws without enough unique layouts")
+
+    @model_validator(mode="after")
+    def _check(self):
+        for name, spec in self.splits.items():
+            if name in self.reference_splits:
+                raise ValueError(f"split {name!r} is both generated and imported from the reference file")
+            if spec.derived_from is not None:
+                if spec.derived_from not in self.splits or spec.derived_from == name:
+                    raise ValueError(f"splits.{name}.derived_from = {spec.derived_from!r}: must name another split")
+                if self.splits[spec.derived_from].derived_from is not None:
+                    raise ValueError(f"splits.{name}.derived_from: {spec.derived_from!r} is itself derived")
+                if name == TRAIN_SPLIT or spec.derived_from == TRAIN_SPLIT:
+                    raise ValueError("the train split cannot take part in derived_from")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "DatasetConfig":
+        path = Path(path)
+        if not path.exists():
+            raise MazeError(f"dataset config not found: {path}")
+        return cls.model_validate(yaml.safe_load(path.read_text()) or {})
+
+
+def _visual_variants() -> list[RenderOptions]:
+    return [
+        RenderOptions(palette="inverted"),
+        RenderOptions(palette="swapped"),
+        RenderOptions(palette="dark", agent_marker="diamond"),
+        RenderOptions(square_px=32, agent_marker="square", goal_marker="disc"),
+        RenderOptions(square_px=20, goal_marker="ring"),
+        RenderOptions(wall_style="thin"),
+    ]
+
+
+def preset(name: str) -> DatasetConfig:
+    """Named configurations: `default` (the full evaluation suite) and `smoke` (tests, seconds)."""
+    big = name == "default"
+    if name not in ("default", "smoke"):
+        raise MazeError(f"unknown dataset preset {name!r}: allowed default, smoke")
+    n = (lambda full, small: full if big else small)
+    return DatasetConfig(
+        splits={
+            "heldout": SplitSpec(count=n(1000, 128), max_turns=VISGYM_MAX_TURNS),
+            "larger": SplitSpec(count=n(200, 32), sizes=["5x5", "6x6", "8x8"]),
+            "algorithm-shift": SplitSpec(count=n(150, 32), algorithms=["dfs", "kruskal", "prim", "braided"], max_turns=VISGYM_MAX_TURNS),
+            "visual-shift": SplitSpec(count=n(300, 64), derived_from="heldout", render=_visual_variants(), max_turns=VISGYM_MAX_TURNS),
+            TRAIN_SPLIT: SplitSpec(count=n(4000, 256), max_turns=VISGYM_MAX_TURNS),
+        }
+    )
+
+
+def default_turn_budget(optimal: int) -> int:
+    """Enough turns to solve with slack: max(2 x optimal, optimal + 10)."""
+    return max(2 * optimal, optimal + 10)
+
+
+def _row(maze_id: str, split: str, maze: Maze, placement: str, max_turns: int | None, render: RenderOptions,
+         source_split: str | None = None, hashes: tuple[str, str] | None = None) -> dict:
+    a = analyse(maze)
+    lh, wh = hashes or (layout_hash(maze.grid, maze.start, maze.goal), walls_hash(maze.grid))
+    return {
+        "maze_id": maze_id,
+        "split": split,
+        "height": maze.height,
+        "width": maze.width,
+        "grid": maze.grid.tolist(),
+        "start": list(maze.start),
+        "goal": list(maze.goal),
+        "shortest_path_moves": a.shortest_path_moves,
+        "layout_hash": lh,
+        "walls_hash": wh,
+        "algorithm": maze.algorithm,
+        "seed": int(maze.seed),
+        "placement": placement,
+        "max_turns": int(max_turns if max_turns is not None else default_turn_budget(a.shortest_path_moves)),
+        "dead_end_cells": a.dead_end_cells,
+        "forks_on_solution": a.forks_on_solution,
+        "turns_on_solution": a.turns_on_solution,
+        "dead_ends_next_to_solution": a.dead_ends_next_to_solution,
+        **render.model_dump(),
+        "source_split": source_split,
+    }
+
+
+def _candidate(args: tuple) -> tuple[int, Maze, str, str]:
+    """Draw the maze at one index (runs in worker processes)."""
+    index, seed, algorithm, cells, placement, min_moves = args
+    maze = sample_maze(algorithm, cells, seed, placement, min_moves)
+    return index, maze, layout_hash(maze.grid, maze.start, maze.goal), walls_hash(maze.grid)
+
+
+class _Drawer:
+    """Draws candidates in index order, in chunks, optionally on worker processes.
+
+    The accepted mazes depend only on the seeds and the order of indices, never on `workers`.
+    """
+
+    def __init__(self, workers: int):
+        self.pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+        self.chunk = 256 if workers > 1 else 1
+
+    def draw(self, argses):
+        if self.pool is None:
+            for a in argses:
+                yield _candidate(a)
+            return
+        batch = []
+        for a in argses:
+            batch.append(a)
+            if len(batch) == self.chunk:
+                yield from self.pool.map(_candidate, batch, chunksize=32)
+                batch = []
+        if batch:
+            yield from self.pool.map(_candidate, batch, chunksize=32)
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], key: int, drawer: _Drawer,
+                    attempts_per_maze: int, progress: Callable[[int], None]) -> list[dict]:
+    rows: list[dict] = []
+    for cells in spec.sizes:
+        size_name = f"{cells[0]}x{cells[1]}"
+        for algorithm in spec.algorithms:
+            accepted = 0
+            limit = spec.count * attempts_per_maze
+            argses = (
+                (i, derive_seed(base_seed, name, size_name, algorithm, i), algorithm, cells, spec.placement, spec.min_moves)
+                for i in range(limit)
+            )
+            tried = 0
+            for index, maze, lh, wh in drawer.draw(argses):
+                tried += 1
+                ident = (wh, lh)[key]
+                if ident in seen:
+                    continue
+                seen.add(ident)
+                render = spec.render[accepted % len(spec.render)]
+                maze_id = f"{name}-{size_name}-{algorithm}-{index:06d}"
+                rows.append(_row(maze_id, name, maze, spec.placement, spec.max_turns, render, hashes=(lh, wh)))
+                accepted += 1
+                progress(1)
+                if accepted == spec.count:
+                    break
+            if accepted < spec.count:
+                raise MazeError(
+                    f"split {name!r} ({size_name}, {algorithm}): found only {accepted} unique layouts of "
+                    f"{spec.count} requested after {tried} draws (the other splits hold {len(seen) - accepted}); "
+                    "lower the count, use a larger size, or set dedup: layout"
+                )
+    return rows
+
+
+def _derive_split(name: str, spec: SplitSpec, source_rows: list[dict], base_seed: int) -> list[dict]:
+    if spec.count > len(source_rows):
+        raise MazeError(f"split {name!r} wants {spec.count} layouts from {spec.derived_from!r}, which has {len(source_rows)}")
+    rng = random.Random(derive_seed(base_seed, name, "sample"))
+    picked = sorted(rng.sample(range(len(source_rows)), spec.count))
+    rows = []
+    for k, i in enumerate(picked):
+        src = dict(source_rows[i])
+        render = spec.render[k % len(spec.render)]
+        src.update(render.model_dump())
+        src["maze_id"] = f"{name}-{k:06d}"
+        src["split"] = name
+        src["source_split"] = spec.derived_from
+        if spec.max_turns is not None:
+            src["max_turns"] = spec.max_turns
+        rows.append(src)
+    return rows
+
+
+def _reference_rows(name: str, env_id: str, path: Path, episodes) -> list[dict]:
+    chosen = sorted((e for e in episodes if e.env_id == env_id), key=lambda e: e.seed)
+    if not chosen:
+        raise MazeError(f"reference file {path} has no episodes of {env_id!r} for split {name!r}")
+    rows = []
+    for ep in chosen:
+        maze_id = f"{name}-seed{ep.seed:03d}"
+        rows.append(_row(maze_id, name, ep.maze, "visgym-corners", VISGYM_MAX_TURNS, RenderOptions()))
+    return rows
+
+
+def generate_dataset(
+    config: DatasetConfig,
+    out_dir: str | Path,
+    reference: str | Path | None = None,
+    *,
+    workers: int = 1,
+    overwrite: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Write every split to `out_dir/<split>.parquet` plus `out_dir/manifest.json`; return the manifest.
+
+    The directory appears complete or not at all. `progress(split, done, total)` is called as mazes are accepted.
+    """
+    check_output_dir(out_dir, overwrite=overwrite)
+    key = 0 if config.dedup == "walls" else 1
+    seen: set[str] = set()
+    results: dict[str, list[dict]] = {}
+    notices: list[str] = []
+    reference_info = None
+
+    def tick(split: str, total: int):
+        done = [0]
+
+        def inner(n: int):
+            done[0] += n
+            if progress:
+                progress(split, done[0], total)
+
+        return inner
+
+    if reference is not None:
+        reference = Path(reference)
+        episodes = load_visgym_fixture(reference)
+        for name, env_id in config.reference_splits.items():
+            rows = _reference_rows(name, env_id, reference, episodes)
+            for r in rows:  # reserved: nothing generated may repeat a reference maze
+                seen.add((r["walls_hash"], r["layout_hash"])[key])
+            results[name] = rows
+            tick(name, len(rows))(len(rows))
+        reference_info = {"path": str(reference), "file_sha256": _sha256_file(reference)}
+    elif config.reference_splits:
+        notices.append(
+            f"no --reference file given: reference split(s) {', '.join(config.reference_splits)} left out"
+        )
+
+    order = [n for n, s in config.splits.items() if s.derived_from is None and n != TRAIN_SPLIT]
+    order += [n for n, s in config.splits.items() if s.derived_from is not None]
+    order += [TRAIN_SPLIT] if TRAIN_SPLIT in config.splits else []
+    drawer = _Drawer(workers)
+    try:
+        for name in order:
+            spec = config.splits[name]
+            total = spec.count * (1 if spec.derived_from else len(spec.sizes) * len(spec.algorithms))
+            if spec.derived_from is not None:
+                results[name] = _derive_split(name, spec, results[spec.derived_from], config.eval_seed)
+                tick(name, total)(total)
+            else:
+                base = config.train_seed if name == TRAIN_SPLIT else config.eval_seed
+                results[name] = _generate_split(
+                    name, spec, base, seen, key, drawer, config.attempts_per_maze, tick(name, total)
+                )
+    finally:
+        drawer.close()
+
+    manifest = {
+        "format": FORMAT,
+        "library_version": __version__,
+        "config": config.model_dump(mode="json"),
+        "eval_seed": config.eval_seed,
+        "train_seed": config.train_seed,
+        "reference": reference_info,
+        "notices": notices,
+        "splits": {},
+    }
+    with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+        for name, rows in results.items():
+            write_split(rows, tmp / f"{name}.parquet")
+            manifest["splits"][name] = {
+                "file": f"{name}.parquet",
+                "rows": len(rows),
+                "content_hash": content_hash(rows),
+                "role": "train" if name == TRAIN_SPLIT else "eval",
+            }
+        manifest["eval_splits_hash"] = content_hash(
+            [{"split": n, "hash": m["content_hash"]} for n, m in sorted(manifest["splits"].items()) if m["role"] == "eval"]
+        )
+        write_json(tmp / MANIFEST, manifest)  # last: a directory with a manifest is complete
+    return manifest
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
