@@ -26,12 +26,18 @@ install: $(STAMP)
 test: install
 	$(PY) -m pytest -q
 
+# The most complete end-to-end run so far: dataset -> tiny model -> warm start -> GRPO.
+# (The KFP pipeline issue turns this into `mazerl pipeline run --profile local`.)
 demo: install
 	$(MAZERL) mazes generate --preset default --out $(DEMO_OUT)/mazes --overwrite --workers 2 \
 		$(if $(REFERENCE),--reference $(REFERENCE),)
+	$(MAZERL) policy init-tiny --out $(DEMO_OUT)/tiny-init --overwrite
+	$(MAZERL) train sft --config configs/tiny-sft.yaml
+	$(MAZERL) train grpo --config configs/tiny-grpo.yaml --resume never
 
 bench: install
 	$(PY) benchmarks/bench_mazes.py --json $(DEMO_OUT)/bench_mazes.json
+	$(PY) benchmarks/bench_rollout_update.py --json $(DEMO_OUT)/bench_rollout_update.json
 
 clean:
 	rm -rf outputs .pytest_cache

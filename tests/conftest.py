@@ -22,3 +22,41 @@ def visgym_png_dir() -> Path:
     if not PNG_DIR.exists():
         pytest.skip(f"VisGym frames not found at {PNG_DIR}")
     return PNG_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A freshly built tiny Qwen3-VL model directory (random weights)."""
+    from mazerl.policy.tiny import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tiny_model_dir):
+    from mazerl.policy.chat import ChatFormat
+    from mazerl.policy.loading import load_policy
+    from mazerl.policy.prompts import SHORT_SYSTEM_PROMPT
+
+    policy = load_policy(tiny_model_dir)
+    return policy, ChatFormat(policy.processor, system_prompt=SHORT_SYSTEM_PROMPT)
+
+
+@pytest.fixture(scope="session")
+def small_mazes(tmp_path_factory) -> Path:
+    """A small dataset (no reference splits) with 3x3- and 4x4-cell mazes."""
+    from mazerl.mazes.splits import DatasetConfig, generate_dataset
+
+    cfg = DatasetConfig.model_validate(
+        {
+            "reference_splits": {},
+            "splits": {
+                "heldout": {"count": 16, "max_turns": 18},
+                "tiny": {"count": 16, "sizes": ["3x3"], "max_turns": 8},
+                "train": {"count": 64},
+            },
+        }
+    )
+    out = tmp_path_factory.mktemp("data") / "mazes"
+    generate_dataset(cfg, out)
+    return out

@@ -16,7 +16,11 @@ from .mazes.layout import MazeError
 
 app = typer.Typer(help="mazerl: multi-turn GRPO for vision-language models on mazes.", no_args_is_help=True)
 mazes_app = typer.Typer(help="Generate, check and inspect maze datasets.", no_args_is_help=True)
+policy_app = typer.Typer(help="Build and inspect policies (vision-language models).", no_args_is_help=True)
+train_app = typer.Typer(help="Train a policy: behaviour-cloning warm start, then GRPO.", no_args_is_help=True)
 app.add_typer(mazes_app, name="mazes")
+app.add_typer(policy_app, name="policy")
+app.add_typer(train_app, name="train")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -145,6 +149,91 @@ def mazes_show(
         with atomic_path(png) as tmp:
             Image.fromarray(render_rgb(maze.grid, maze.start, maze.goal, row_render_options(row))).save(tmp, format="PNG")
         console.print(f"wrote {png}")
+
+
+@policy_app.command("init-tiny")
+def policy_init_tiny(
+    out: Annotated[Path, typer.Option("--out", help="model directory to create")],
+    size: Annotated[str, typer.Option(help="small (~2.7M parameters) | medium (~9M)")] = "small",
+    seed: Annotated[int, typer.Option(help="weight initialisation seed")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="replace a non-empty --out")] = False,
+) -> None:
+    """Build a tiny random Qwen3-VL-architecture model + tokenizer + processor (HF layout)."""
+    from .policy.tiny import SIZES, init_tiny
+
+    if size not in SIZES:
+        _fail(f"unknown --size {size!r}: allowed {', '.join(SIZES)}")
+    try:
+        path = init_tiny(out, size=size, seed=seed, overwrite=overwrite)  # type: ignore[arg-type]
+    except FileExistsError as err:
+        _fail(str(err))
+    from .policy.loading import load_policy
+
+    policy = load_policy(path)
+    n = sum(p.numel() for p in policy.model.parameters())
+    console.print(f"tiny Qwen3-VL ({size}): {n / 1e6:.2f}M parameters, vocabulary {len(policy.tokenizer)} -> {path}")
+
+
+def _train_progress(total: int, keys: tuple[str, ...]):
+    bar = _progress()
+    task = bar.add_task("training", total=total)
+
+    def on_step(step: int, record: dict) -> None:
+        shown = "  ".join(f"{k.split('/')[-1]} {record[k]:.3g}" for k in keys if k in record)
+        bar.update(task, completed=step, description=f"step {step}  {shown}")
+
+    return bar, on_step
+
+
+@train_app.command("sft")
+def train_sft_cmd(
+    config: Annotated[Path, typer.Option("--config", help="SFT config YAML (see configs/)")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting: key=value (dotted keys)")] = None,
+) -> None:
+    """Warm start: behaviour cloning on BFS solver moves, in the multi-turn chat format."""
+    from .config import ConfigError, load_config, parse_overrides
+    from .rl.config import SFTConfig
+    from .rl.sft import train_sft
+
+    try:
+        cfg = load_config(SFTConfig, config, parse_overrides(set_ or []))
+    except ConfigError as err:
+        _fail(str(err))
+    bar, on_step = _train_progress(cfg.steps, ("loss", "move_accuracy", "eval/success"))
+    with bar:
+        record = _run_job(lambda: train_sft(cfg, on_step))
+    console.print(f"final move accuracy {record.get('move_accuracy', float('nan')):.3f}; model: {Path(cfg.output_dir) / 'final'}")
+
+
+@train_app.command("grpo")
+def train_grpo_cmd(
+    config: Annotated[Path, typer.Option("--config", help="GRPO config YAML (see configs/)")],
+    resume: Annotated[str, typer.Option(help="auto (latest complete checkpoint) | never | a checkpoint directory")] = "auto",
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting: key=value (dotted keys)")] = None,
+) -> None:
+    """Multi-turn GRPO: rollouts -> group advantages -> clipped policy-gradient updates."""
+    from .config import ConfigError, load_config, parse_overrides
+    from .rl.config import GRPOConfig
+    from .rl.trainer import GRPOTrainer
+
+    try:
+        cfg = load_config(GRPOConfig, config, parse_overrides(set_ or []))
+    except ConfigError as err:
+        _fail(str(err))
+    bar, on_step = _train_progress(cfg.steps, ("reward_mean", "success_rate", "entropy", "eval/success"))
+    with bar:
+        record = _run_job(lambda: GRPOTrainer(cfg, on_step).run(resume))
+    console.print(f"step {record.get('step')}: success {record.get('success_rate', float('nan')):.3f}; "
+                  f"model: {Path(cfg.output_dir) / 'final'}")
+
+
+def _run_job(fn):
+    from .policy.loading import PolicyLoadError
+
+    try:
+        return fn()
+    except (PolicyLoadError, MazeError, FileExistsError) as err:
+        _fail(str(err))
 
 
 def main() -> None:  # pragma: no cover - console entry point

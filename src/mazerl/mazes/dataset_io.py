@@ -96,12 +96,14 @@ def content_hash(rows: list[dict]) -> str:
     return h.hexdigest()
 
 
+def records(df: pd.DataFrame) -> list[dict]:
+    """A split's rows as plain Python dicts (lists, ints, None), ready to modify and write back."""
+    return [{k: _jsonable(v) for k, v in rec.items()} for rec in df.to_dict("records")]
+
+
 def table_content_hash(df: pd.DataFrame) -> str:
     """The same hash, recomputed from a split read back from disk."""
-    rows = []
-    for rec in df.to_dict("records"):
-        rows.append({k: _jsonable(v) for k, v in rec.items()})
-    return content_hash(rows)
+    return content_hash(records(df))
 
 
 def _jsonable(v):

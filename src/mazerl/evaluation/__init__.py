@@ -1,0 +1,1 @@
+"""Evaluation: episode metrics, statistics, comparison, reports."""

@@ -1,0 +1,1 @@
+"""The policy: model/processor loading, the tiny-model builder, prompts and observations."""

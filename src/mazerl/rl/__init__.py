@@ -1,0 +1,1 @@
+"""Learning: token log-probabilities, GRPO, behaviour cloning, checkpoints and the trainer loop."""

@@ -1,0 +1,124 @@
+"""Checkpoints that are complete or invisible, and `latest` that only ever names a complete one.
+
+Layout of `ROOT/step-00000010/`:
+  model/                 HF layout (safetensors + config + processor): `from_pretrained` opens it
+  trainer_state.pt       optimizer + scheduler state and torch RNG (tensors and plain types only,
+                         loaded with weights_only=True)
+  state.json             step, config, data sampler position, python/numpy RNG states, seeds
+  manifest.json          sha256 of every file above; written last
+A checkpoint is built in a temporary directory and renamed into place; `ROOT/latest` then names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..atomic import atomic_directory, write_json, write_text
+
+log = logging.getLogger(__name__)
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+MANIFEST = "manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def verify(path: Path) -> str | None:
+    """None if the checkpoint at `path` is complete and intact, else what is wrong."""
+    manifest = path / MANIFEST
+    if not manifest.exists():
+        return "no manifest (incomplete write)"
+    try:
+        listed = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError) as err:
+        return f"unreadable manifest: {err}"
+    present = {str(p.relative_to(path)) for p in _files(path)}
+    missing = sorted(set(listed) - present)
+    if missing:
+        return f"missing files: {', '.join(missing)}"
+    for rel, digest in listed.items():
+        if _sha256(path / rel) != digest:
+            return f"{rel} does not match its hash"
+    return None
+
+
+class CheckpointManager:
+    def __init__(self, root: str | Path, keep_last: int = 3):
+        if keep_last < 1:
+            raise ValueError(f"keep_last = {keep_last}: must be >= 1")
+        self.root = Path(root)
+        self.keep_last = keep_last
+
+    def step_dirs(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and p.is_dir():
+                out.append((int(m.group(1)), p))
+        return sorted(out)
+
+    def save(self, step: int, model, processor, trainer_state: dict, state: dict) -> Path:
+        target = self.root / f"step-{step:08d}"
+        with atomic_directory(target, overwrite=True) as tmp:
+            model.save_pretrained(tmp / "model", safe_serialization=True)
+            processor.save_pretrained(tmp / "model")
+            torch.save(trainer_state, tmp / "trainer_state.pt")
+            write_json(tmp / "state.json", state)
+            files = {str(p.relative_to(tmp)): _sha256(p) for p in _files(tmp)}
+            write_json(tmp / MANIFEST, {"step": step, "files": files})
+        write_text(self.root / "latest", target.name + "\n")
+        self._prune()
+        return target
+
+    def _prune(self) -> None:
+        dirs = self.step_dirs()
+        for _, p in dirs[: max(0, len(dirs) - self.keep_last)]:
+            shutil.rmtree(p, ignore_errors=True)
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint; damaged or partial ones are skipped with a warning."""
+        for step, p in reversed(self.step_dirs()):
+            problem = verify(p)
+            if problem is None:
+                return p
+            log.warning("skipping checkpoint %s: %s", p, problem)
+        return None
+
+
+def load_trainer_state(path: Path) -> tuple[dict, dict]:
+    """(trainer_state, state) of a checkpoint. Nothing is unpickled: weights_only=True."""
+    trainer_state = torch.load(path / "trainer_state.pt", weights_only=True, map_location="cpu")
+    state = json.loads((path / "state.json").read_text())
+    return trainer_state, state
+
+
+def load_model_weights(model, path: Path) -> None:
+    """Copy a checkpoint's safetensors weights into `model` in place (strict: every key must match)."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted((path / "model").glob("*.safetensors")):
+        weights.update(load_file(f))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    # Tied or non-persistent buffers may be absent from the file; anything else is a real mismatch.
+    real_missing = [k for k in missing if not k.endswith("inv_freq")]
+    if real_missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not fit the model: missing {real_missing[:5]}, unexpected {unexpected[:5]}")

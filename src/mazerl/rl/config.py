@@ -1,0 +1,112 @@
+"""Configs of the learning jobs: the policy's view of the task, GRPO, and behaviour cloning."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..envs.maze_env import EnvConfig
+from ..rollout.multiturn import HistoryConfig
+
+
+class PolicyConfig(BaseModel):
+    """Which model, and how mazes are shown to it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="model directory or hub id (cluster: Qwen/Qwen3-VL-8B-Instruct)")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    prompt: Literal["full", "short"] = Field("full", description="system prompt; 'short' saves tokens for the tiny model")
+    history: HistoryConfig = HistoryConfig()
+    render_scale: float = Field(1.0, gt=0.0, le=8.0, description="draw mazes at square_px x this (tiny model: 1.28 -> 32 px)")
+    max_new_tokens: int = Field(16, ge=1, le=32768, description="per turn (reference run: 1024)")
+    max_batch: int = Field(64, ge=1, description="sequences per generate call")
+
+
+class OptimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-6, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine floor, as a fraction of lr")
+    max_grad_norm: float = Field(1.0, gt=0.0)
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class GRPOConfig(BaseModel):
+    """`mazerl train grpo`. Defaults follow SkyRL's VisGym recipe where it applies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: PolicyConfig
+    train_data: str = Field(description="train split parquet")
+    eval_data: str | None = Field(None, description="split parquet for the periodic greedy evaluation")
+    output_dir: str
+    seed: int = Field(0, ge=0)
+    steps: int = Field(100, ge=1)
+    max_minutes: float | None = Field(None, gt=0.0, description="stop (with a checkpoint) once this much time has passed")
+    mazes_per_step: int = Field(32, ge=1, description="prompts per step (B)")
+    group_size: int = Field(8, ge=2, description="samples per maze (G)")
+    mini_batch_mazes: int | None = Field(None, ge=1, description="mazes per optimizer step (None: all)")
+    micro_batch: int = Field(16, ge=1, description="sequences per forward/backward")
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    clip_low: float = Field(0.2, ge=0.0)
+    clip_high: float = Field(0.2, ge=0.0)
+    kl_coef: float = Field(0.0, ge=0.0, description="k3 KL to the initial policy (reference run: 0.005)")
+    loss_aggregation: Literal["token-mean", "seq-mean"] = "token-mean"
+    scale_advantages_by_std: bool = True
+    filter_zero_variance_groups: bool = True
+    optim: OptimConfig = OptimConfig()
+    lora: LoraSettings | None = None
+    env: EnvConfig = EnvConfig()
+    max_turns: int | None = Field(None, ge=1, description="override the split's per-maze turn budget in training")
+    eval_every: int = Field(10, ge=0, description="steps between greedy evaluations (0: never)")
+    eval_mazes: int = Field(64, ge=1)
+    checkpoint_every: int = Field(10, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.mini_batch_mazes is not None and self.mazes_per_step % self.mini_batch_mazes:
+            raise ValueError(
+                f"mazes_per_step ({self.mazes_per_step}) must be divisible by mini_batch_mazes ({self.mini_batch_mazes})"
+            )
+        return self
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.mazes_per_step * self.group_size
+
+
+class SFTConfig(BaseModel):
+    """`mazerl train sft`: behaviour cloning on solver moves, in the same multi-turn chat format."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: PolicyConfig
+    train_data: str
+    eval_data: str | None = None
+    output_dir: str
+    seed: int = Field(0, ge=0)
+    steps: int = Field(700, ge=1)
+    max_minutes: float | None = Field(None, gt=0.0, description="stop early when this much time has passed")
+    batch_size: int = Field(32, ge=1, description="turns (samples) per optimizer step")
+    noise: float = Field(0.1, ge=0.0, lt=1.0, description="chance a turn takes a random move (not learned): teaches recovery")
+    optim: OptimConfig = OptimConfig(lr=3e-4, weight_decay=0.01, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1)
+    env: EnvConfig = EnvConfig()
+    eval_every: int = Field(0, ge=0)
+    eval_mazes: int = Field(64, ge=1)

@@ -1,0 +1,56 @@
+"""Per-step metrics to a JSONL file and TensorBoard event files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+class MetricsWriter:
+    """Appends one JSON object per line (flushed and fsynced). On resume, lines after the resumed
+    step and a torn last line are dropped, so the file always describes one consistent run."""
+
+    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None, resume_step: int | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= resume_step]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(tmp, self.path)
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()
+        self._fh = open(self.path, "a")
+        self._tb = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(tensorboard_dir))
+
+    def write(self, record: dict) -> None:
+        self._fh.write(json.dumps(record, sort_keys=True) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        if self._tb is not None:
+            step = int(record.get("step", 0))
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Every complete record; a torn last line (crash mid-write) is ignored."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

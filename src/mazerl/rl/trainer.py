@@ -1,0 +1,235 @@
+"""`mazerl train grpo`: the GRPO loop, readable top to bottom.
+
+    for step in steps:
+        mazes   = sampler.next(B)                          # resumable walk over the train split
+        trajs   = rollout(engine, mazes, G samples each)   # multi-turn, sampled, exact token ids
+        adv     = group-normalised episode rewards         # zero-variance groups dropped
+        for mini-batch of mazes:                           # one optimizer step each
+            for micro-batch of sequences:                  # gradient accumulation
+                loss = clipped PG (+ k3 KL) over reply tokens; backward
+            clip grads; AdamW step; LR schedule step
+        log metrics; every N steps: greedy eval, checkpoint
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from ..mazes.dataset_io import read_split
+from ..mazes.seeding import derive_seed
+from ..rollout.engine import SamplingParams
+from ..rollout.multiturn import Trajectory, items_from_split, rollout
+from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state
+from .common import greedy_success, open_policy, rng_state, save_model_dir, seed_everything, set_rng_state
+from .config import GRPOConfig
+from .data import MazeSampler
+from .grpo import grpo_loss, group_advantages
+from .logprobs import token_logprobs
+from .metrics import MetricsWriter
+from .optim import make_optimizer
+
+log = logging.getLogger(__name__)
+# Fault injection for the resume test: SIGKILL ourselves right after this step (never set in real runs).
+KILL_AFTER_STEP_ENV = "MAZERL_FAULT_KILL_AFTER_STEP"
+
+
+def episode_metrics(trajs: list[Trajectory]) -> dict:
+    n = len(trajs)
+    turns = sum(t.stats.turns for t in trajs)
+    return {
+        "reward_mean": sum(t.reward for t in trajs) / n,
+        "success_rate": sum(t.stats.success for t in trajs) / n,
+        "episode_turns": turns / n,
+        "parse_failure_rate": sum(t.stats.parse_failures for t in trajs) / max(1, turns),
+        "wall_bump_rate": sum(t.stats.wall_bumps for t in trajs) / max(1, turns),
+        "loop_rate": sum(t.stats.loop for t in trajs) / n,
+        "premature_stop_rate": sum(t.stats.premature_stop for t in trajs) / n,
+        "truncated_reply_rate": sum(t.truncated_replies for t in trajs) / max(1, turns),
+    }
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: GRPOConfig, on_step=None):
+        self.cfg = cfg
+        self.on_step = on_step  # callback(step, metrics) for progress display
+        self.out = Path(cfg.output_dir)
+        seed_everything(cfg.seed)
+        self.tp = open_policy(cfg.policy, cfg.lora)
+        self.model = self.tp.policy.model
+        self.chat = self.tp.chat
+        self.train_df = read_split(cfg.train_data)
+        self.sampler = MazeSampler(len(self.train_df), cfg.seed)
+        mini = cfg.mini_batch_mazes or cfg.mazes_per_step
+        self.optimizer_steps_per_step = cfg.mazes_per_step // mini
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler = make_optimizer(params, cfg.optim, cfg.steps * self.optimizer_steps_per_step)
+        self.reference = None
+        if cfg.kl_coef > 0 and cfg.lora is None:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
+        self.step = 0
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        trainer_state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        state = {
+            "step": self.step,
+            "config": self.cfg.model_dump(mode="json"),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "rollout_seed": derive_seed(self.cfg.seed, "rollout", self.step + 1),
+        }
+        return self.checkpoints.save(self.step, self.model, self.tp.policy.processor, trainer_state, state)
+
+    def resume(self, how: str) -> int | None:
+        """`auto`: the latest complete checkpoint if any; `never`; or a checkpoint directory."""
+        if how == "never":
+            return None
+        path = self.checkpoints.latest() if how == "auto" else Path(how)
+        if path is None:
+            return None
+        trainer_state, state = load_trainer_state(path)
+        load_model_weights(self.model, path)
+        self.optimizer.load_state_dict(trainer_state["optimizer"])
+        self.scheduler.load_state_dict(trainer_state["scheduler"])
+        torch.set_rng_state(trainer_state["torch_rng"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        log.info("resumed from %s (step %d)", path, self.step)
+        return self.step
+
+    # ---- one step ------------------------------------------------------------------------------
+    def collect(self) -> list[Trajectory]:
+        cfg = self.cfg
+        rows = self.sampler.next(cfg.mazes_per_step)
+        items = items_from_split(self.train_df, rows, cfg.policy.render_scale, cfg.max_turns)
+        sampling = SamplingParams(
+            temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.policy.max_new_tokens,
+            seed=derive_seed(cfg.seed, "rollout", self.step + 1),
+        )
+        return rollout(self.tp.engine, self.chat, items, group_size=cfg.group_size, sampling=sampling,
+                       env_config=cfg.env, history=cfg.policy.history)
+
+    def update(self, trajs: list[Trajectory]) -> dict:
+        cfg = self.cfg
+        rewards = torch.tensor([t.reward for t in trajs])
+        groups = torch.tensor([t.group for t in trajs])
+        adv, zero_var = group_advantages(rewards, groups, cfg.scale_advantages_by_std)
+        keep = [i for i in range(len(trajs)) if not (cfg.filter_zero_variance_groups and zero_var[i])]
+        stats = {"filtered_groups": int(len(torch.unique(groups[zero_var]))) if cfg.filter_zero_variance_groups else 0,
+                 "kept_episodes": len(keep)}
+        mini = cfg.mini_batch_mazes or cfg.mazes_per_step
+        sums = {"entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "grad_norm": 0.0, "tokens": 0}
+        n_opt = 0
+        train_tokens = 0
+        for first_group in range(0, cfg.mazes_per_step, mini):
+            members = [i for i in keep if first_group <= trajs[i].group < first_group + mini]
+            batch = [(s, i) for i in members for s in trajs[i].samples() if s.n_loss_tokens]
+            if not batch:
+                continue
+            n_tokens = sum(s.n_loss_tokens for s, _ in batch)
+            seq_len = torch.zeros(len(trajs), dtype=torch.long)
+            for s, i in batch:
+                seq_len[i] += s.n_loss_tokens
+            self.optimizer.zero_grad(set_to_none=True)
+            for start in range(0, len(batch), cfg.micro_batch):
+                micro = batch[start : start + cfg.micro_batch]
+                samples = [s for s, _ in micro]
+                traj_of_row = torch.tensor([i for _, i in micro])
+                ref = None
+                if cfg.kl_coef > 0:
+                    with torch.no_grad():
+                        if self.reference is not None:
+                            ref = token_logprobs(self.reference, self.chat, samples, False, cfg.temperature).logprobs
+                        else:
+                            with self.model.disable_adapter():
+                                ref = token_logprobs(self.model, self.chat, samples, False, cfg.temperature).logprobs
+                tl = token_logprobs(self.model, self.chat, samples, temperature=cfg.temperature)
+                seq = traj_of_row[tl.sample_index.cpu()]
+                loss, ls = grpo_loss(
+                    tl.logprobs, tl.old_logprobs, adv[seq].to(tl.logprobs.device), seq,
+                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
+                    aggregation=cfg.loss_aggregation, token_normaliser=float(n_tokens),
+                    seq_normaliser=float(len(members)), seq_lengths=seq_len,
+                )
+                loss.backward()
+                k = tl.logprobs.numel()
+                sums["entropy"] += float(tl.entropy.sum())
+                sums["kl"] += ls.kl * k
+                sums["clip_fraction"] += ls.clip_fraction * k
+                sums["pg_loss"] += ls.pg_loss * k
+                sums["tokens"] += k
+                train_tokens += sum(len(s.ids) for s in samples)
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
+            self.optimizer.step()
+            self.scheduler.step()
+            n_opt += 1
+        t = max(1, sums["tokens"])
+        stats.update(
+            entropy=sums["entropy"] / t, kl=sums["kl"] / t, clip_fraction=sums["clip_fraction"] / t,
+            pg_loss=sums["pg_loss"] / t, grad_norm=sums["grad_norm"] / max(1, n_opt), optimizer_steps=n_opt,
+            loss_tokens=sums["tokens"], train_tokens=train_tokens, lr=self.scheduler.get_last_lr()[0],
+        )
+        return stats
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def run(self, resume: str = "auto") -> dict:
+        cfg = self.cfg
+        resumed = self.resume(resume)
+        metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
+        kill_after = int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0)
+        proc = psutil.Process()
+        record: dict = {}
+        eval_seconds = 0.0  # periodic evaluation does not count against max_minutes
+        try:
+            if resumed is None and cfg.eval_every and cfg.eval_data:
+                metrics.write({"step": 0, **greedy_success(self.tp, cfg.policy, cfg.eval_data, cfg.eval_mazes, cfg.env)})
+            started = time.perf_counter()
+            while self.step < cfg.steps:
+                t0 = time.perf_counter()
+                trajs = self.collect()
+                t1 = time.perf_counter()
+                upd = self.update(trajs)
+                t2 = time.perf_counter()
+                self.step += 1
+                context_tokens = sum(len(s.ids) for t in trajs for s in t.samples())
+                record = {"step": self.step, **episode_metrics(trajs), **upd,
+                          "time/rollout": t1 - t0, "time/update": t2 - t1,
+                          "rollout_tokens_per_s": context_tokens / max(t1 - t0, 1e-9),
+                          "train_tokens_per_s": upd["train_tokens"] / max(t2 - t1, 1e-9)}
+                if cfg.eval_every and cfg.eval_data and self.step % cfg.eval_every == 0:
+                    record.update(greedy_success(self.tp, cfg.policy, cfg.eval_data, cfg.eval_mazes, cfg.env))
+                    eval_seconds += record["eval/seconds"]
+                record["time/training_total"] = time.perf_counter() - started - eval_seconds
+                out_of_time = cfg.max_minutes is not None and record["time/training_total"] > cfg.max_minutes * 60
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or out_of_time:
+                    tc = time.perf_counter()
+                    self.save_checkpoint()
+                    record["time/checkpoint"] = time.perf_counter() - tc
+                record["time/step"] = time.perf_counter() - t0
+                record["rss_mb"] = proc.memory_info().rss / 2**20
+                metrics.write(record)
+                if self.on_step:
+                    self.on_step(self.step, record)
+                if kill_after and self.step == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if out_of_time:
+                    break
+        finally:
+            metrics.close()
+        save_model_dir(self.model, self.tp.policy.processor, self.out / "final")
+        return record

@@ -1,0 +1,1 @@
+"""Inference engines and the batched multi-turn rollout loop."""

@@ -1,0 +1,146 @@
+"""The inference-engine interface and its Hugging Face (transformers) implementation.
+
+An engine continues a batch of token-id prompts (with the images their placeholders stand for)
+and returns the exact sampled ids with their log-probabilities under the sampling temperature.
+`HFEngine` runs on CPU or one GPU; a vLLM engine (distributed issue) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..mazes.seeding import derive_seed
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(16, ge=1, le=32768)
+    seed: int = Field(0, ge=0)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerationRequest:
+    ids: list[int]
+    images: list[np.ndarray]
+
+
+@dataclass
+class GenerationOutput:
+    ids: list[int]  # sampled tokens, ending with the end-of-turn token when the model emitted it
+    logprobs: list[float]  # log p(token) under softmax(logits / temperature) (temperature 1 when greedy)
+    finished: bool  # True when the model ended its turn itself (not cut by max_new_tokens)
+
+
+class InferenceEngine(Protocol):
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams, call_id: int = 0) -> list[GenerationOutput]:
+        """Continue every request. `call_id` makes sampling reproducible: same params, same call id,
+        same requests -> same tokens."""
+        ...
+
+    def sync_weights(self) -> None:
+        """Make the engine generate with the trainer's current weights."""
+        ...
+
+
+def vision_inputs(image_processor, images: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """pixel_values and image_grid_thw for images in placeholder order (empty dict for none)."""
+    if not images:
+        return {}
+    out = image_processor(images=images, return_tensors="pt")
+    return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+
+class HFEngine:
+    """transformers `generate` with a KV cache, batched with left padding."""
+
+    def __init__(self, model, image_processor, end_of_turn_id: int, pad_id: int, image_token_id: int,
+                 banned_ids: list[int], max_batch: int = 64):
+        self.model = model
+        self.image_processor = image_processor
+        self.end_id = end_of_turn_id
+        self.pad_id = pad_id
+        self.image_token_id = image_token_id
+        self.banned_ids = list(banned_ids)
+        self.max_batch = max_batch
+
+    @classmethod
+    def from_chat(cls, model, chat, max_batch: int = 64) -> "HFEngine":
+        return cls(model, chat.image_processor, chat.im_end, chat.pad_id, chat.image_pad, chat.banned_reply_ids, max_batch)
+
+    def sync_weights(self) -> None:
+        pass  # shares the trainer's module
+
+    @torch.no_grad()
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams, call_id: int = 0) -> list[GenerationOutput]:
+        # Similar lengths together: less padding. Results go back in request order.
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].ids))
+        results: list[GenerationOutput | None] = [None] * len(requests)
+        for start in range(0, len(order), self.max_batch):
+            chunk = order[start : start + self.max_batch]
+            outs = self._generate_batch([requests[i] for i in chunk], params, derive_seed(params.seed, call_id, start))
+            for i, out in zip(chunk, outs):
+                results[i] = out
+        return results  # type: ignore[return-value]
+
+    def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams, seed: int) -> list[GenerationOutput]:
+        device = next(self.model.parameters()).device
+        width = max(len(r.ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, r in enumerate(requests):
+            ids[row, width - len(r.ids) :] = torch.tensor(r.ids, dtype=torch.long)
+            mask[row, width - len(r.ids) :] = 1
+        images = [img for r in requests for img in r.images]
+        inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == self.image_token_id).long(),
+                  **vision_inputs(self.image_processor, images)}
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+        sample = not params.greedy
+        gen_kwargs = dict(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sample,
+            eos_token_id=self.end_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+            suppress_tokens=self.banned_ids,
+        )
+        if sample:
+            gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        else:
+            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+        torch.manual_seed(seed)  # generate() samples from the global generator
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(**inputs, **gen_kwargs)
+        finally:
+            self.model.train(was_training)
+        new = out.sequences[:, width:].cpu()
+        temp = params.temperature if sample else 1.0
+        logits = torch.stack(out.logits, dim=1).float().cpu() / temp  # (B, T, V)
+        logits[..., self.banned_ids] = float("-inf")  # as sampled: banned tokens have probability 0
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row in range(len(requests)):
+            toks = new[row].tolist()
+            n = len(toks)
+            finished = False
+            if self.end_id in toks:
+                n = toks.index(self.end_id) + 1
+                finished = True
+            results.append(GenerationOutput(ids=toks[:n], logprobs=logprobs[row, :n].tolist(), finished=finished))
+        return results

@@ -1,0 +1,136 @@
+import shutil
+
+import numpy as np
+import pytest
+
+from mazerl.envs.actions import ACTIONS
+from mazerl.mazes.render import RenderOptions, render_rgb
+from mazerl.mazes.sampling import sample_maze
+from mazerl.policy.chat import Conversation
+from mazerl.policy.loading import PolicyLoadError, load_policy
+from mazerl.policy.prompts import turn_text
+
+
+def frame(seed: int, px: int = 32) -> np.ndarray:
+    m = sample_maze("wilson", (4, 4), seed)
+    return render_rgb(m.grid, m.start, m.goal, RenderOptions(square_px=px))
+
+
+def test_tiny_model_is_a_normal_hf_directory(tiny_model_dir):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
+    n = sum(p.numel() for p in model.parameters())
+    assert 1.5e6 < n < 5e6
+    for word in ACTIONS:
+        assert len(processor.tokenizer.encode(word, add_special_tokens=False)) == 1
+    # one merged vision token per maze square at 32 px: a 9x9 grid -> 81 tokens
+    out = processor.image_processor(images=[frame(0)], return_tensors="pt")
+    assert int(out["image_grid_thw"].prod()) // 4 == 81
+
+
+def test_loader_names_what_is_missing(tiny_model_dir, tmp_path):
+    with pytest.raises(PolicyLoadError, match="not found"):
+        load_policy(tmp_path / "nope")
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        (broken / name).unlink(missing_ok=True)
+    with pytest.raises(PolicyLoadError, match="no processor"):
+        load_policy(broken)
+    (broken / "config.json").unlink()
+    with pytest.raises(PolicyLoadError, match="config.json"):
+        load_policy(broken)
+    with pytest.raises(PolicyLoadError, match="dtype"):
+        load_policy(tiny_model_dir, dtype="int3")
+
+
+def test_token_ids_equal_the_processors_chat_template(tiny_policy):
+    policy, chat = tiny_policy
+    processor = policy.processor
+    f1, f2 = frame(1), frame(2, px=25)
+    conv = Conversation()
+    conv.add(chat.system())
+    conv.add(chat.user_turn(1, turn_text("", 1, 18), f1))
+    reply_ids = chat.text("<action>up</action>") + [chat.im_end]
+    ctx = conv.context(None, None)
+    conv.record_turn(ctx, chat.reply(1, reply_ids, [0.0] * len(reply_ids)))
+    conv.add(chat.user_turn(2, turn_text("Cannot move into a wall.", 2, 18), f2))
+    ours = conv.context(None, None)
+    messages = [
+        {"role": "system", "content": chat.system_prompt},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": turn_text("", 1, 18)}]},
+        {"role": "assistant", "content": "<action>up</action>"},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": turn_text("Cannot move into a wall.", 2, 18)}]},
+    ]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    theirs = processor(text=[text], images=[f1, f2], return_tensors="pt")["input_ids"][0].tolist()
+    assert ours.ids == theirs
+    assert len(ours.images) == 2
+
+
+def test_history_window_drops_image_tokens_and_pixels_together(tiny_policy):
+    _, chat = tiny_policy
+    conv = Conversation()
+    conv.add(chat.system())
+    for turn in range(1, 5):
+        conv.add(chat.user_turn(turn, turn_text("", turn, 18), frame(turn)))
+        ctx = conv.context(None, 2)
+        ids = chat.text("<action>left</action>") + [chat.im_end]
+        conv.record_turn(ctx, chat.reply(turn, ids, [-0.5] * len(ids)))
+        assert len(ctx.images) == min(turn, 2)
+        assert ctx.ids.count(chat.image_pad) == 81 * len(ctx.images)
+        assert ctx.ids.count(chat.vision_start) == len(ctx.images)
+    markov = conv.context(0, 1)
+    assert markov.ids.count(chat.im_start) == 3  # system, current user turn, assistant header
+    assert len(markov.images) == 1
+
+
+def test_packing_full_history_is_one_sequence_with_every_reply_masked(tiny_policy):
+    _, chat = tiny_policy
+    conv = Conversation()
+    conv.add(chat.system())
+    for turn in range(1, 4):
+        conv.add(chat.user_turn(turn, turn_text("", turn, 18), frame(turn)))
+        ids = chat.text("<action>down</action>")  # cut before <|im_end|>: we close it, without loss
+        conv.record_turn(conv.context(None, None), chat.reply(turn, ids, [-1.0] * len(ids)))
+    samples = conv.pack()
+    assert len(samples) == 1
+    s = samples[0]
+    assert s.turns == [1, 2, 3] and len(s.images) == 3
+    assert s.n_loss_tokens == 3 * len(chat.text("<action>down</action>"))
+    for i, m in enumerate(s.loss_mask):
+        if m:
+            assert s.ids[i] not in (chat.im_end, chat.image_pad) and s.old_logprobs[i] == -1.0
+
+
+def test_packing_with_a_window_makes_one_sequence_per_turn(tiny_policy):
+    _, chat = tiny_policy
+    conv = Conversation()
+    conv.add(chat.system())
+    for turn in range(1, 4):
+        conv.add(chat.user_turn(turn, turn_text("", turn, 18), frame(turn)))
+        ids = chat.text("<action>up</action>") + [chat.im_end]
+        conv.record_turn(conv.context(None, 1), chat.reply(turn, ids, [-0.1] * len(ids)))
+    samples = conv.pack()
+    assert [s.turns for s in samples] == [[1], [2], [3]]
+    reply_len = len(chat.text("<action>up</action>")) + 1
+    assert all(s.n_loss_tokens == reply_len for s in samples)  # earlier replies are context only
+    assert [len(s.images) for s in samples] == [1, 1, 1]
+
+
+def test_init_tiny_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from mazerl.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["policy", "init-tiny", "--out", str(tmp_path / "m")])
+    assert result.exit_code == 0, result.output
+    assert "M parameters" in result.output and (tmp_path / "m" / "model.safetensors").exists()
+    again = runner.invoke(app, ["policy", "init-tiny", "--out", str(tmp_path / "m")])
+    assert again.exit_code == 2 and "not empty" in again.output
+    bad = runner.invoke(app, ["policy", "init-tiny", "--out", str(tmp_path / "n"), "--size", "huge"])
+    assert bad.exit_code == 2 and "small, medium" in bad.output

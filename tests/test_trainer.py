@@ -1,0 +1,177 @@
+"""The learning loop end to end on the tiny model: it learns, checkpoints, resumes bit-identically."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from mazerl.config import ConfigError, load_config
+from mazerl.mazes.dataset_io import read_split, records, write_split
+from mazerl.mazes.layout import MOVES
+from mazerl.mazes.solver import solve
+from mazerl.rl.checkpoint import CheckpointManager, verify
+from mazerl.rl.config import GRPOConfig, SFTConfig
+from mazerl.rl.metrics import read_metrics
+from mazerl.rl.sft import train_sft
+from mazerl.rl.trainer import KILL_AFTER_STEP_ENV, GRPOTrainer
+
+POLICY = {"history": {"turns": 0, "images": 1}, "render_scale": 1.28, "max_new_tokens": 6, "prompt": "short"}
+
+
+@pytest.fixture(scope="module")
+def one_move_split(small_mazes, tmp_path_factory):
+    """Mazes whose agent starts one square from the goal: the right first move wins at once."""
+    rows = records(read_split(small_mazes / "train.parquet"))
+    for rec in rows:
+        moves = solve(np.array(rec["grid"], dtype=np.uint8), tuple(rec["start"]), tuple(rec["goal"]))
+        r, c = rec["start"]
+        for m in moves[:-1]:
+            r, c = r + MOVES[m][0], c + MOVES[m][1]
+        rec.update(start=[r, c], shortest_path_moves=1, max_turns=1)
+    path = tmp_path_factory.mktemp("one_move") / "one_move.parquet"
+    write_split(rows, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def warm_model(tiny_model_dir, small_mazes, tmp_path_factory):
+    """The tiny model after a short behaviour-cloning warm start (answers in the right format)."""
+    out = tmp_path_factory.mktemp("sft")
+    cfg = SFTConfig.model_validate({
+        "policy": {"model": str(tiny_model_dir), **POLICY}, "train_data": str(small_mazes / "train.parquet"),
+        "output_dir": str(out), "steps": 25, "batch_size": 16,
+        "optim": {"lr": 1e-3, "warmup_steps": 5, "schedule": "cosine"},
+    })
+    record = train_sft(cfg)
+    assert record["token_accuracy"] > 0.6
+    log = read_metrics(out / "metrics.jsonl")
+    assert len(log) == 25 and log[-1]["loss"] < log[0]["loss"]
+    return out / "final"
+
+
+def grpo_config(model, data, out, **over) -> GRPOConfig:
+    raw = {
+        "policy": {"model": str(model), **POLICY}, "train_data": str(data), "output_dir": str(out),
+        "steps": 12, "mazes_per_step": 4, "group_size": 8, "micro_batch": 32, "seed": 1,
+        "optim": {"lr": 1e-3}, "env": {"terminate_on_goal": True}, "eval_every": 0, "checkpoint_every": 100,
+    }
+    raw.update(over)
+    return GRPOConfig.model_validate(raw)
+
+
+def test_reward_rises_on_an_easy_configuration(warm_model, one_move_split, tmp_path):
+    """One-move mazes plus a format bonus: a short warm start samples mostly malformed replies at
+    temperature 1, so there is plenty to learn in a few steps; a broken loss cannot raise it."""
+    out = tmp_path / "grpo"
+    cfg = grpo_config(warm_model, one_move_split, out, env={"terminate_on_goal": True, "format_bonus": 0.5})
+    record = GRPOTrainer(cfg).run(resume="never")
+    log = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in log] == list(range(1, 13))
+    first = sum(r["reward_mean"] for r in log[:3]) / 3
+    last = sum(r["reward_mean"] for r in log[-3:]) / 3
+    assert last > first + 0.15, (first, last)
+    for key in ("success_rate", "entropy", "kl", "clip_fraction", "grad_norm", "lr", "rollout_tokens_per_s",
+                "time/rollout", "time/update", "filtered_groups", "parse_failure_rate", "loop_rate"):
+        assert key in record
+    assert any((out / "tensorboard").iterdir())
+    assert verify(out / "checkpoints" / "step-00000012") is None
+
+
+def run_cli(config_path, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "mazerl.cli", "train", "grpo", "--config", str(config_path), *args],
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600)
+
+
+def test_killed_and_resumed_run_is_bit_identical(warm_model, one_move_split, tmp_path):
+    def write(name):
+        cfg = grpo_config(warm_model, one_move_split, tmp_path / name, steps=4, mazes_per_step=2, group_size=4,
+                          checkpoint_every=2, keep_checkpoints=2)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+        return path
+
+    straight = run_cli(write("straight"))
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    cfg = write("killed")
+    killed = run_cli(cfg, env={KILL_AFTER_STEP_ENV: "3"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (tmp_path / "killed" / "final").exists()
+    assert (tmp_path / "killed" / "checkpoints" / "latest").read_text().strip() == "step-00000002"
+    resumed = run_cli(cfg, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "killed" / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    changed = load_file(warm_model / "model.safetensors")
+    assert any(not torch.equal(a[k], changed[k]) for k in a), "training changed nothing"
+    steps = [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_damaged_checkpoints_are_skipped(tiny_policy, tmp_path, caplog):
+    policy, _ = tiny_policy
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2, 3):
+        mgr.save(step, policy.model, policy.processor, {"optimizer": {}, "torch_rng": torch.get_rng_state()}, {"step": step})
+    assert mgr.latest().name == "step-00000003"
+    with open(tmp_path / "step-00000003" / "trainer_state.pt", "r+b") as fh:
+        fh.write(b"garbage")
+    (tmp_path / "step-00000002" / "manifest.json").unlink()
+    assert mgr.latest().name == "step-00000001"
+    assert "does not match its hash" in caplog.text and "no manifest" in caplog.text
+    mgr.save(4, policy.model, policy.processor, {"torch_rng": torch.get_rng_state()}, {"step": 4})
+    assert [p.name for _, p in mgr.step_dirs()] == ["step-00000002", "step-00000003", "step-00000004"]
+    state = torch.load(tmp_path / "step-00000004" / "trainer_state.pt", weights_only=True)
+    assert set(state) == {"torch_rng"}
+
+
+def test_lora_trains_only_the_adapters(warm_model, one_move_split, tmp_path):
+    cfg = grpo_config(warm_model, one_move_split, tmp_path / "lora", steps=2, lora={"r": 4, "alpha": 8}, kl_coef=0.01)
+    trainer = GRPOTrainer(cfg)
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    trainer.run(resume="never")
+    from transformers import AutoModelForImageTextToText
+
+    merged = AutoModelForImageTextToText.from_pretrained(tmp_path / "lora" / "final")
+    base = AutoModelForImageTextToText.from_pretrained(warm_model)
+    diffs = [n for (n, p), (_, q) in zip(merged.named_parameters(), base.named_parameters()) if not torch.equal(p, q)]
+    assert diffs and all("q_proj" in n or "k_proj" in n or "v_proj" in n or "o_proj" in n for n in diffs)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"mazes_per_step": 6, "mini_batch_mazes": 4}, "divisible"),
+        ({"group_size": 1}, "group_size"),
+        ({"learning_rate": 1e-5}, "learning_rate"),
+        ({"optim": {"lr": "fast"}}, "optim.lr"),
+        ({"loss_aggregation": "sum"}, "loss_aggregation"),
+        ({"policy": {"model": "x", "history": {"images": 0}}}, "policy.history.images"),
+    ],
+)
+def test_bad_configs_fail_at_load_naming_the_field(tmp_path, change, field):
+    raw = {"policy": {"model": "m"}, "train_data": "t.parquet", "output_dir": "o", **change}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=field):
+        load_config(GRPOConfig, path)
+
+
+def test_missing_model_is_a_clear_error(tmp_path, small_mazes):
+    cfg = grpo_config(tmp_path / "no-model", small_mazes / "train.parquet", tmp_path / "o")
+    from mazerl.policy.loading import PolicyLoadError
+
+    with pytest.raises(PolicyLoadError, match="not found"):
+        GRPOTrainer(cfg)
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(cfg.model_dump(mode="json")))
+    result = run_cli(path)
+    assert result.returncode == 2 and "model directory not found" in result.stderr
