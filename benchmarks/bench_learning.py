@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--grpo-config", required=True)
     ap.add_argument("--minutes", type=float, default=15.0)
     ap.add_argument("--eval-mazes", type=int, default=500)
+    ap.add_argument("--eval-split", type=Path, help="split for the before/after evaluation (default: MAZES/heldout.parquet)")
     ap.add_argument("--curve-every", type=int, default=5)
     ap.add_argument("--curve-mazes", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("outputs/bench-learning"))
@@ -52,10 +53,10 @@ def main() -> None:
 
     cfg = load_config(GRPOConfig, args.grpo_config, {
         "policy.model": args.warm, "train_data": str(args.mazes / "train.parquet"),
-        "eval_data": str(args.mazes / "heldout.parquet"), "output_dir": str(args.out / "grpo"),
+        "eval_data": str(args.eval_split or args.mazes / "heldout.parquet"), "output_dir": str(args.out / "grpo"),
         "steps": 10_000, "max_minutes": args.minutes, "eval_every": args.curve_every, "eval_mazes": args.curve_mazes,
     })
-    heldout = args.mazes / "heldout.parquet"
+    heldout = args.eval_split or args.mazes / "heldout.parquet"
     base, base_s = greedy_successes(args.warm, cfg.policy, heldout, args.eval_mazes)
     print(f"warm start: {sum(base)}/{len(base)} greedy successes ({base_s:.0f} s)", flush=True)
 

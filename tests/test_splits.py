@@ -188,3 +188,10 @@ def test_malformed_fixture_files(tmp_path):
             load_visgym_fixture(bad)
     with pytest.raises(FixtureError, match="not found"):
         load_visgym_fixture(tmp_path / "absent.json")
+
+
+def test_every_generated_maze_is_solvable_within_its_turn_budget(dataset):
+    out, _ = dataset
+    for path in out.glob("*.parquet"):
+        df = read_split(path)
+        assert (df.shortest_path_moves + 1 <= df.max_turns).all(), path.stem

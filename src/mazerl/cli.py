@@ -21,6 +21,8 @@ train_app = typer.Typer(help="Train a policy: behaviour-cloning warm start, then
 app.add_typer(mazes_app, name="mazes")
 app.add_typer(policy_app, name="policy")
 app.add_typer(train_app, name="train")
+eval_app = typer.Typer(help="Evaluate a policy on frozen splits (mazerl eval --help), or compare two evaluations.")
+app.add_typer(eval_app, name="eval")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -225,6 +227,85 @@ def train_grpo_cmd(
         record = _run_job(lambda: GRPOTrainer(cfg, on_step).run(resume))
     console.print(f"step {record.get('step')}: success {record.get('success_rate', float('nan')):.3f}; "
                   f"model: {Path(cfg.output_dir) / 'final'}")
+
+
+@eval_app.callback(invoke_without_command=True)
+def eval_cmd(
+    ctx: typer.Context,
+    policy: Annotated[str, typer.Option(help="model | oracle (BFS moves) | random (uniform legal move or stop)")] = "model",
+    model: Annotated[Optional[str], typer.Option(help="model directory or hub id (policy=model)")] = None,
+    data: Annotated[Optional[list[Path]], typer.Option("--data", help="split parquet file; repeat for several")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="output directory")] = None,
+    samples: Annotated[int, typer.Option(min=0, help="sampled episodes per maze on top of the greedy one (pass@k)")] = 0,
+    temperature: Annotated[float, typer.Option(help="sampling temperature for --samples")] = 1.0,
+    max_turns: Annotated[Optional[int], typer.Option(help="override every split's own turn budget")] = None,
+    training_log: Annotated[Optional[Path], typer.Option(help="metrics.jsonl of the training run: adds its curve to the report")] = None,
+    render_scale: Annotated[Optional[float], typer.Option(help="override the model's saved view")] = None,
+    history_turns: Annotated[Optional[int], typer.Option(help="override the model's saved view")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="override the model's saved view")] = None,
+    seed: Annotated[int, typer.Option(help="seed for sampling and the random agent")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="replace a non-empty --out")] = False,
+) -> None:
+    """Play every maze of the given splits; write episodes.parquet, summary.json and reports."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .config import format_validation_error
+    from .evaluation.report import eval_tables
+    from .evaluation.runner import EvalConfig, evaluate
+    from .rl.config import PolicyConfig
+
+    if not data or out is None:
+        _fail("give --data SPLIT.parquet (one or more) and --out DIR")
+    if policy not in ("model", "oracle", "random"):
+        _fail(f"unknown --policy {policy!r}: allowed model, oracle, random")
+    try:
+        view = None
+        if policy == "model":
+            if model is None:
+                _fail("--policy model needs --model PATH")
+            hist = {"turns": history_turns, "images": 1} if history_turns is not None else None
+            view = PolicyConfig.for_model(model, render_scale=render_scale, history=hist, max_new_tokens=max_new_tokens)
+        cfg = EvalConfig(policy=policy, model=view, data=[str(d) for d in data], out=str(out), samples=samples,
+                         temperature=temperature, max_turns=max_turns, seed=seed, overwrite=overwrite)
+    except ValidationError as err:
+        _fail(format_validation_error(err, "(command line)"))
+    summary = _run_job(lambda: evaluate(cfg, metrics_log=training_log))
+    rows = eval_tables(summary)
+    table = Table(title=f"evaluation: {policy} {model or ''}".strip())
+    for col in rows[0]:
+        table.add_column(col, no_wrap=col == "split")
+    for r in rows[1:]:
+        table.add_row(*r)
+    console.print(table)
+    meta = summary["meta"]
+    console.print(f"{meta['episodes']} episodes in {meta['seconds']:.1f} s ({meta['episodes_per_s']:.1f}/s)")
+    console.print(f"report: {out / 'report.html'}", soft_wrap=True)
+
+
+@eval_app.command("compare")
+def eval_compare_cmd(
+    base: Annotated[Path, typer.Argument(help="baseline evaluation directory")],
+    new: Annotated[Path, typer.Argument(help="new evaluation directory")],
+    out: Annotated[Optional[Path], typer.Option(help="write comparison.json and reports here (default: NEW)")] = None,
+) -> None:
+    """Paired comparison on the shared mazes: success difference (95% CI, exact McNemar), steps, loops."""
+    from .atomic import write_json
+    from .evaluation.compare import compare
+    from .evaluation.report import compare_tables, write_compare_report
+
+    result = _run_job(lambda: compare(base, new))
+    target = out or new
+    target.mkdir(parents=True, exist_ok=True)
+    write_compare_report(target, result)
+    write_json(target / "comparison.json", result)
+    rows = compare_tables(result)
+    table = Table(title="new vs base")
+    for col in rows[0]:
+        table.add_column(col, no_wrap=col == "split")
+    for r in rows[1:]:
+        table.add_row(*r)
+    console.print(table)
+    console.print(f"report: {target / 'compare.html'}", soft_wrap=True)
 
 
 def _run_job(fn):

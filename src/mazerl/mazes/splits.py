@@ -27,7 +27,7 @@ from .layout import Maze, MazeError, parse_size
 from .render import RenderOptions
 from .sampling import PLACEMENTS, sample_maze
 from .seeding import derive_seed
-from .solver import analyse
+from .solver import analyse, solve
 from .visgym import VISGYM_MAX_TURNS, load_visgym_fixture
 
 TRAIN_SPLIT = "train"
@@ -47,7 +47,9 @@ class SplitSpec(BaseModel):
     algorithms: list[str] = Field(default_factory=lambda: ["wilson"])
     placement: Literal["visgym-corners", "random", "dead-ends"] = "visgym-corners"
     min_moves: int = Field(1, ge=1)
-    max_turns: int | None = Field(None, ge=1, description="turn budget; default max(2*optimal, optimal+10)")
+    max_turns: int | None = Field(
+        None, ge=2, description="turn budget; mazes it cannot solve (optimal + stop > budget) are not drawn; default max(2*optimal, optimal+10)"
+    )
     render: list[RenderOptions] = Field(default_factory=lambda: [RenderOptions()], min_length=1)
     derived_from: str | None = Field(None, description="redraw layouts sampled from this split")
 
@@ -170,11 +172,12 @@ def _row(maze_id: str, split: str, maze: Maze, placement: str, max_turns: int | 
     }
 
 
-def _candidate(args: tuple) -> tuple[int, Maze, str, str]:
+def _candidate(args: tuple) -> tuple[int, Maze, str, str, int]:
     """Draw the maze at one index (runs in worker processes)."""
     index, seed, algorithm, cells, placement, min_moves = args
     maze = sample_maze(algorithm, cells, seed, placement, min_moves)
-    return index, maze, layout_hash(maze.grid, maze.start, maze.goal), walls_hash(maze.grid)
+    optimal = len(solve(maze.grid, maze.start, maze.goal))
+    return index, maze, layout_hash(maze.grid, maze.start, maze.goal), walls_hash(maze.grid), optimal
 
 
 class _Drawer:
@@ -219,11 +222,13 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
                 for i in range(limit)
             )
             tried = 0
-            for index, maze, lh, wh in drawer.draw(argses):
+            for index, maze, lh, wh, optimal in drawer.draw(argses):
                 tried += 1
                 ident = (wh, lh)[key]
                 if ident in seen:
                     continue
+                if spec.max_turns is not None and optimal + 1 > spec.max_turns:
+                    continue  # unsolvable within the split's turn budget (optimal moves + stop)
                 seen.add(ident)
                 render = spec.render[accepted % len(spec.render)]
                 maze_id = f"{name}-{size_name}-{algorithm}-{index:06d}"
@@ -267,7 +272,10 @@ def _reference_rows(name: str, env_id: str, path: Path, episodes) -> list[dict]:
     rows = []
     for ep in chosen:
         maze_id = f"{name}-seed{ep.seed:03d}"
-        rows.append(_row(maze_id, name, ep.maze, "visgym-corners", VISGYM_MAX_TURNS, RenderOptions()))
+        # The reference run's 18-turn limit was set for `easy`; other levels get the default budget
+        # (VisGym's hard mazes need up to 32 moves).
+        budget = VISGYM_MAX_TURNS if ep.env_id == "maze_2d/easy" else None
+        rows.append(_row(maze_id, name, ep.maze, "visgym-corners", budget, RenderOptions()))
     return rows
 
 

@@ -75,11 +75,13 @@ class CheckpointManager:
                 out.append((int(m.group(1)), p))
         return sorted(out)
 
-    def save(self, step: int, model, processor, trainer_state: dict, state: dict) -> Path:
+    def save(self, step: int, model, processor, trainer_state: dict, state: dict, view: dict | None = None) -> Path:
         target = self.root / f"step-{step:08d}"
         with atomic_directory(target, overwrite=True) as tmp:
             model.save_pretrained(tmp / "model", safe_serialization=True)
             processor.save_pretrained(tmp / "model")
+            if view is not None:
+                write_json(tmp / "model" / "mazerl_policy.json", view)
             torch.save(trainer_state, tmp / "trainer_state.pt")
             write_json(tmp / "state.json", state)
             files = {str(p.relative_to(tmp)): _sha256(p) for p in _files(tmp)}

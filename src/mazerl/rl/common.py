@@ -63,9 +63,10 @@ def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None) -> Trainabl
     return TrainablePolicy(policy, chat, HFEngine.from_chat(policy.model, chat, max_batch=cfg.max_batch))
 
 
-def save_model_dir(model, processor, target) -> None:
-    """HF layout that `from_pretrained` opens; a LoRA model is saved merged."""
-    from ..atomic import atomic_directory
+def save_model_dir(model, processor, target, view: PolicyConfig | None = None) -> None:
+    """HF layout that `from_pretrained` opens; a LoRA model is saved merged. `view` (how the policy
+    sees mazes) is saved beside it as mazerl_policy.json."""
+    from ..atomic import atomic_directory, write_json
 
     with atomic_directory(target, overwrite=True) as tmp:
         to_save = model
@@ -75,6 +76,8 @@ def save_model_dir(model, processor, target) -> None:
             to_save = copy.deepcopy(model).merge_and_unload()
         to_save.save_pretrained(tmp, safe_serialization=True)
         processor.save_pretrained(tmp)
+        if view is not None:
+            write_json(tmp / PolicyConfig.VIEW_FILE, view.view())
 
 
 def greedy_success(tp: TrainablePolicy, cfg: PolicyConfig, split_path: str, n_mazes: int, env: EnvConfig) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,6 +23,26 @@ class PolicyConfig(BaseModel):
     render_scale: float = Field(1.0, gt=0.0, le=8.0, description="draw mazes at square_px x this (tiny model: 1.28 -> 32 px)")
     max_new_tokens: int = Field(16, ge=1, le=32768, description="per turn (reference run: 1024)")
     max_batch: int = Field(64, ge=1, description="sequences per generate call")
+
+    VIEW_FILE: ClassVar[str] = "mazerl_policy.json"
+    VIEW_FIELDS: ClassVar[tuple[str, ...]] = ("history", "render_scale", "max_new_tokens", "prompt")
+
+    def view(self) -> dict:
+        """How this policy sees mazes; saved beside trained weights so evaluation uses the same view."""
+        return self.model_dump(mode="json", include=set(self.VIEW_FIELDS))
+
+    @classmethod
+    def for_model(cls, model: str, **overrides) -> "PolicyConfig":
+        """Settings for a model directory: its saved view (if any), then `overrides` (None = keep)."""
+        import json
+        from pathlib import Path
+
+        data: dict = {"model": model}
+        view = Path(model) / cls.VIEW_FILE
+        if view.exists():
+            data.update(json.loads(view.read_text()))
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(data)
 
 
 class OptimConfig(BaseModel):

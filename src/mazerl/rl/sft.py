@@ -89,5 +89,5 @@ def train_sft(cfg: SFTConfig, on_step=None) -> dict:
                 break
     finally:
         metrics.close()
-    save_model_dir(model, tp.policy.processor, out / "final")
+    save_model_dir(model, tp.policy.processor, out / "final", cfg.policy)
     return record

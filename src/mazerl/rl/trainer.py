@@ -91,7 +91,8 @@ class GRPOTrainer:
             "rng": rng_state(),
             "rollout_seed": derive_seed(self.cfg.seed, "rollout", self.step + 1),
         }
-        return self.checkpoints.save(self.step, self.model, self.tp.policy.processor, trainer_state, state)
+        return self.checkpoints.save(self.step, self.model, self.tp.policy.processor, trainer_state, state,
+                                     view=self.cfg.policy.view())
 
     def resume(self, how: str) -> int | None:
         """`auto`: the latest complete checkpoint if any; `never`; or a checkpoint directory."""
@@ -231,5 +232,5 @@ class GRPOTrainer:
                     break
         finally:
             metrics.close()
-        save_model_dir(self.model, self.tp.policy.processor, self.out / "final")
+        save_model_dir(self.model, self.tp.policy.processor, self.out / "final", cfg.policy)
         return record

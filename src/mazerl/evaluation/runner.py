@@ -1,0 +1,140 @@
+"""`mazerl eval`: play every maze of the given splits and write episodes.parquet + summary.json.
+
+The model plays greedily (one episode per maze) through the same batched rollout engine as
+training; `samples` adds k sampled episodes per maze (pass@k, mean success). The oracle (BFS moves)
+and random (uniform over legal moves and stop) agents play through the same environment and
+metrics, without a model.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..atomic import atomic_directory, check_output_dir, write_json
+from ..envs.agents import as_reply, oracle_action, random_action
+from ..envs.maze_env import EnvConfig, MazeEnv
+from ..mazes.dataset_io import read_split, records
+from ..mazes.layout import MazeError
+from ..mazes.seeding import derive_seed
+from ..rl.config import PolicyConfig
+from ..rollout.engine import SamplingParams
+from ..rollout.multiturn import items_from_split, rollout
+from .episodes import episode_row
+from .report import write_eval_report
+from .summary import summarise
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: Literal["model", "oracle", "random"] = "model"
+    model: PolicyConfig | None = None
+    data: list[str] = Field(min_length=1, description="split parquet files")
+    out: str
+    samples: int = Field(0, ge=0, description="sampled episodes per maze on top of the greedy one")
+    temperature: float = Field(1.0, gt=0.0)
+    max_turns: int | None = Field(None, ge=1, description="override every split's own turn budget")
+    seed: int = Field(0, ge=0)
+    env: EnvConfig = EnvConfig()
+    overwrite: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.policy == "model" and self.model is None:
+            raise ValueError("policy 'model' needs model settings (--model PATH)")
+        return self
+
+
+def play_scripted(items, choose, env_config: EnvConfig):
+    """Episodes of an agent that answers from the environment state (no model, no images used)."""
+    stats = []
+    for item in items:
+        env = MazeEnv(item.task, env_config.model_copy(update={"max_turns": item.max_turns}))
+        env.reset()
+        while not env.done:
+            env.step(as_reply(choose(env)))
+        stats.append(env.stats)
+    return stats
+
+
+def _load_splits(paths: list[str]) -> list[pd.DataFrame]:
+    frames = []
+    for p in paths:
+        df = read_split(p)
+        if len(df) == 0:
+            raise MazeError(f"split {p} is empty: nothing to evaluate")
+        frames.append(df)
+    return frames
+
+
+def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = None) -> dict:
+    """Run the evaluation; the output directory appears complete (summary last) or not at all."""
+    check_output_dir(cfg.out, overwrite=cfg.overwrite)
+    frames = _load_splits(cfg.data)
+    started = time.perf_counter()
+    rows: list[dict] = []
+    tp = None
+    if cfg.policy == "model":
+        from ..rl.common import open_policy
+
+        tp = open_policy(cfg.model)  # type: ignore[arg-type]
+    episodes_played = 0
+    for df in frames:
+        split_rows = records(df)
+        view = cfg.model or PolicyConfig(model="-")
+        items = items_from_split(df, range(len(df)), view.render_scale, cfg.max_turns)
+        if cfg.policy == "model":
+            assert tp is not None and cfg.model is not None
+            greedy = rollout(tp.engine, tp.chat, items, sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.model.max_new_tokens),
+                             env_config=cfg.env, history=cfg.model.history)
+            runs = [(0, True, [t.stats for t in greedy])]
+            if cfg.samples:
+                sampled = rollout(tp.engine, tp.chat, items, group_size=cfg.samples, env_config=cfg.env, history=cfg.model.history,
+                                  sampling=SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.model.max_new_tokens,
+                                                          seed=derive_seed(cfg.seed, "eval")))
+                for k in range(cfg.samples):
+                    runs.append((k + 1, False, [t.stats for t in sampled[k :: cfg.samples]]))
+        elif cfg.policy == "oracle":
+            runs = [(0, True, play_scripted(items, oracle_action, cfg.env))]
+        else:
+            rng = random.Random(derive_seed(cfg.seed, "random-agent"))
+            runs = [(k, k == 0, play_scripted(items, lambda env: random_action(env, rng), cfg.env)) for k in range(1 + cfg.samples)]
+        for sample, greedy_flag, stats in runs:
+            for maze, st in zip(split_rows, stats):
+                rows.append(episode_row(maze, st, policy=cfg.policy, sample=sample, greedy=greedy_flag))
+                episodes_played += 1
+        if progress:
+            progress(str(split_rows[0]["split"]), episodes_played)
+    seconds = time.perf_counter() - started
+    episodes = pd.DataFrame(rows)
+    summary = summarise(episodes)
+    summary["meta"] = {
+        "policy": cfg.policy, "model": cfg.model.model if cfg.model else None, "data": cfg.data,
+        "samples": cfg.samples, "temperature": cfg.temperature, "episodes": len(rows),
+        "seconds": seconds, "episodes_per_s": len(rows) / max(seconds, 1e-9),
+    }
+    metrics = None
+    if metrics_log is not None:
+        from ..rl.metrics import read_metrics
+
+        metrics = read_metrics(metrics_log)
+    with atomic_directory(cfg.out, overwrite=cfg.overwrite) as tmp:
+        pq.write_table(pa.Table.from_pandas(episodes, preserve_index=False), tmp / "episodes.parquet")
+        write_eval_report(tmp, summary, episodes, metrics)
+        write_json(tmp / "summary.json", summary)  # last
+    return summary
+
+
+def load_episodes(eval_dir: str | Path) -> pd.DataFrame:
+    path = Path(eval_dir) / "episodes.parquet"
+    if not path.exists():
+        raise MazeError(f"{eval_dir} is not an evaluation directory (no episodes.parquet)")
+    return pq.read_table(path).to_pandas()
