@@ -52,7 +52,7 @@ def small_mazes(tmp_path_factory) -> Path:
             "reference_splits": {},
             "splits": {
                 "heldout": {"count": 16, "max_turns": 18},
-                "tiny": {"count": 16, "sizes": ["3x3"], "max_turns": 8},
+                "tiny": {"count": 16, "sizes": ["3x3"], "max_turns": 20},
                 "train": {"count": 64},
             },
         }

@@ -135,6 +135,16 @@ def test_shaping_terms_are_off_by_default_and_applied_when_set():
     assert env.done and env.stats.success and not env.stats.stopped
 
 
+def test_progress_reward_is_potential_based():
+    env = MazeEnv(HAND_MAZE, EnvConfig(progress_reward=0.1, max_turns=30))
+    env.reset()
+    assert env.step(act("right")).reward == pytest.approx(0.1)  # one square closer
+    assert env.step(act("left")).reward == pytest.approx(-0.1)  # and back: the sum is zero
+    assert env.step(act("up")).reward == 0.0  # a bump does not move
+    total = sum(env.step(act(m)).reward for m in solve(HAND, (1, 1), (5, 5)) + ["stop"])
+    assert total == pytest.approx(1.0 + 0.1 * 8)
+
+
 def test_batch_steps_only_unfinished_episodes():
     tasks = [MazeTask.build(sample_maze("wilson", (4, 4), s)) for s in range(3)] + [MazeTask.build(HAND_MAZE)]
     batch = MazeEnvBatch(tasks, EnvConfig(max_turns=5))

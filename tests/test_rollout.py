@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mazerl.envs.agents import as_reply, oracle_action
-from mazerl.envs.maze_env import EnvConfig, MazeTask
+from mazerl.envs.maze_env import MazeTask
 from mazerl.mazes.render import RenderOptions
 from mazerl.mazes.sampling import sample_maze
 from mazerl.rl.logprobs import token_logprobs

@@ -1,7 +1,6 @@
 import json
 
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError

@@ -34,6 +34,11 @@ class EnvConfig(BaseModel):
     step_penalty: float = Field(0.0, ge=0.0, description="subtracted every turn")
     wall_bump_penalty: float = Field(0.0, ge=0.0, description="subtracted when a move hits a wall")
     format_bonus: float = Field(0.0, ge=0.0, description="added for every reply with a valid action")
+    progress_reward: float = Field(
+        0.0, ge=0.0,
+        description="x (distance to goal before - after) each move: potential-based shaping (Ng et al., 1999), "
+        "dense, and it leaves the optimal policy unchanged",
+    )
     terminate_on_goal: bool = Field(False, description="end the episode (success) on arrival at the goal")
     render: RenderOptions = VISGYM_RENDER
 
@@ -144,6 +149,9 @@ class MazeEnv:
                 else:
                     after = target
         reward -= cfg.step_penalty
+        if cfg.progress_reward and after != before:
+            to_goal = self.task.to_goal
+            reward += cfg.progress_reward * float(to_goal[before] - to_goal[after])
         if after != before:
             self.task.renderer.move_agent(self._frame, before, after)
             self.position = after

@@ -25,7 +25,7 @@ from .generators import GENERATORS
 from .hashing import layout_hash, walls_hash
 from .layout import Maze, MazeError, parse_size
 from .render import RenderOptions
-from .sampling import PLACEMENTS, sample_maze
+from .sampling import sample_maze
 from .seeding import derive_seed
 from .solver import analyse, solve
 from .visgym import VISGYM_MAX_TURNS, load_visgym_fixture
@@ -221,14 +221,15 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
                 (i, derive_seed(base_seed, name, size_name, algorithm, i), algorithm, cells, spec.placement, spec.min_moves)
                 for i in range(limit)
             )
-            tried = 0
+            tried = too_long = 0
             for index, maze, lh, wh, optimal in drawer.draw(argses):
                 tried += 1
                 ident = (wh, lh)[key]
                 if ident in seen:
                     continue
                 if spec.max_turns is not None and optimal + 1 > spec.max_turns:
-                    continue  # unsolvable within the split's turn budget (optimal moves + stop)
+                    too_long += 1  # unsolvable within the split's turn budget (optimal moves + stop)
+                    continue
                 seen.add(ident)
                 render = spec.render[accepted % len(spec.render)]
                 maze_id = f"{name}-{size_name}-{algorithm}-{index:06d}"
@@ -240,8 +241,9 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
             if accepted < spec.count:
                 raise MazeError(
                     f"split {name!r} ({size_name}, {algorithm}): found only {accepted} unique layouts of "
-                    f"{spec.count} requested after {tried} draws (the other splits hold {len(seen) - accepted}); "
-                    "lower the count, use a larger size, or set dedup: layout"
+                    f"{spec.count} requested after {tried} draws ({too_long} needed more than max_turns = "
+                    f"{spec.max_turns} turns; the other splits hold {len(seen) - accepted} layouts); "
+                    "lower the count, raise max_turns, use a larger size, or set dedup: layout"
                 )
     return rows
 
