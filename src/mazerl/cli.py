@@ -28,6 +28,14 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _quiet_hf() -> None:
+    """Our own progress bars speak for the long steps; silence transformers' per-file bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def _fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(code=2)
@@ -161,6 +169,7 @@ def policy_init_tiny(
     overwrite: Annotated[bool, typer.Option(help="replace a non-empty --out")] = False,
 ) -> None:
     """Build a tiny random Qwen3-VL-architecture model + tokenizer + processor (HF layout)."""
+    _quiet_hf()
     from .policy.tiny import SIZES, init_tiny
 
     if size not in SIZES:
@@ -193,6 +202,7 @@ def train_sft_cmd(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting: key=value (dotted keys)")] = None,
 ) -> None:
     """Warm start: behaviour cloning on BFS solver moves, in the multi-turn chat format."""
+    _quiet_hf()
     from .config import ConfigError, load_config, parse_overrides
     from .rl.config import SFTConfig
     from .rl.sft import train_sft
@@ -214,6 +224,7 @@ def train_grpo_cmd(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting: key=value (dotted keys)")] = None,
 ) -> None:
     """Multi-turn GRPO: rollouts -> group advantages -> clipped policy-gradient updates."""
+    _quiet_hf()
     from .config import ConfigError, load_config, parse_overrides
     from .rl.config import GRPOConfig
     from .rl.trainer import GRPOTrainer
@@ -249,6 +260,7 @@ def eval_cmd(
     """Play every maze of the given splits; write episodes.parquet, summary.json and reports."""
     if ctx.invoked_subcommand is not None:
         return
+    _quiet_hf()
     from .config import format_validation_error
     from .evaluation.report import eval_tables
     from .evaluation.runner import EvalConfig, evaluate
