@@ -26,14 +26,10 @@ install: $(STAMP)
 test: install
 	$(PY) -m pytest -q
 
-# The most complete end-to-end run so far: dataset -> tiny model -> warm start -> GRPO.
-# (The KFP pipeline issue turns this into `mazerl pipeline run --profile local`.)
+# The whole KFP DAG on this machine with kfp.local: mazes -> tiny model -> warm start -> GRPO ->
+# evaluations -> comparison -> promotion (if it improved). Last line: `report: PATH`.
 demo: install
-	$(MAZERL) mazes generate --preset default --out $(DEMO_OUT)/mazes --overwrite --workers 2 \
-		$(if $(REFERENCE),--reference $(REFERENCE),)
-	$(MAZERL) policy init-tiny --out $(DEMO_OUT)/tiny-init --overwrite
-	$(MAZERL) train sft --config configs/tiny-sft.yaml
-	$(MAZERL) train grpo --config configs/tiny-grpo.yaml --resume never
+	$(MAZERL) pipeline run --profile local --config default $(if $(REFERENCE),--reference $(REFERENCE),)
 
 bench: install
 	$(PY) benchmarks/bench_mazes.py --json $(DEMO_OUT)/bench_mazes.json

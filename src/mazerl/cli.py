@@ -21,6 +21,8 @@ train_app = typer.Typer(help="Train a policy: behaviour-cloning warm start, then
 app.add_typer(mazes_app, name="mazes")
 app.add_typer(policy_app, name="policy")
 app.add_typer(train_app, name="train")
+pipeline_app = typer.Typer(help="The KFP pipeline: compile, run locally (kfp.local).", no_args_is_help=True)
+app.add_typer(pipeline_app, name="pipeline")
 eval_app = typer.Typer(help="Evaluate a policy on frozen splits (mazerl eval --help), or compare two evaluations.")
 app.add_typer(eval_app, name="eval")
 
@@ -318,6 +320,91 @@ def eval_compare_cmd(
         table.add_row(*r)
     console.print(table)
     console.print(f"report: {target / 'compare.html'}", soft_wrap=True)
+
+
+def _pipeline_modules():
+    """components/ and pipelines/ live in the checkout beside src/ (they are not part of the wheel)."""
+    from .profiles import REPO_ROOT
+
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from pipelines import run as pipeline_run
+
+    return pipeline_run
+
+
+def _load_profile(name: str):
+    from .config import ConfigError
+    from .profiles import load_profile
+
+    try:
+        return load_profile(name)
+    except ConfigError as err:
+        _fail(str(err))
+
+
+@pipeline_app.command("compile")
+def pipeline_compile(
+    profile: Annotated[str, typer.Option(help="profile name (env/<name>.yaml) or path")],
+    out: Annotated[Path, typer.Option(help="pipeline spec to write (YAML)")],
+) -> None:
+    """Compile the DAG with the profile's images and cluster settings (deterministic output)."""
+    from .config import ConfigError
+
+    prof = _load_profile(profile)
+    try:
+        path = _pipeline_modules().compile_pipeline(prof, out)
+    except ConfigError as err:
+        _fail(str(err))
+    console.print(f"compiled {prof.name} -> {path}")
+
+
+@pipeline_app.command("run")
+def pipeline_run_cmd(
+    profile: Annotated[str, typer.Option(help="a local profile (env/local.yaml)")] = "local",
+    config: Annotated[str, typer.Option(help="smoke (minutes) | default (the profile's values)")] = "default",
+    reference: Annotated[Optional[Path], typer.Option(help="VisGym fixture for the reference splits")] = None,
+    param: Annotated[Optional[list[str]], typer.Option("--param", help="pipeline parameter override: key=value")] = None,
+) -> None:
+    """Run the whole DAG here with kfp.local (SubprocessRunner, no Docker, no Kubernetes)."""
+    import json
+
+    from .config import ConfigError, parse_overrides
+
+    prof = _load_profile(profile)
+    if prof.kind != "local":
+        _fail(f"profile {prof.name!r} is a cluster profile: compile it, or submit it to its KFP host")
+    runner = _pipeline_modules()
+    if config not in runner.RUN_CONFIGS:
+        _fail(f"unknown --config {config!r}: allowed {', '.join(runner.RUN_CONFIGS)}")
+    try:
+        overrides = parse_overrides(param or [])
+    except ConfigError as err:
+        _fail(str(err))
+    root = Path(prof.storage.root)
+    arguments = {"registry_root": str(root / "registry"), **runner.RUN_CONFIGS[config], **overrides}
+    if reference is not None:
+        arguments["reference"] = str(reference)
+    try:
+        runner.run_local(prof, root / "runs", arguments)
+    except RuntimeError as err:
+        run_dir = runner.latest_run(root / "runs")
+        _fail(f"the pipeline failed: {err}\ntask outputs and logs so far: {run_dir}")
+    run_dir = runner.latest_run(root / "runs")
+    comparison = json.loads((run_dir / "compare" / "result" / "comparison.json").read_text())
+    from .evaluation.report import compare_tables
+
+    rows = compare_tables(comparison)
+    table = Table(title="trained vs baseline (greedy, paired on the same mazes)")
+    for col in rows[0]:
+        table.add_column(col, no_wrap=col == "split")
+    for r in rows[1:]:
+        table.add_row(*r)
+    console.print(table)
+    d = comparison["decision"]
+    console.print(f"promotion: {'yes' if d['improved'] else 'no'} (heldout {d['success_diff']:+.3f}, p = {d['p_value']:.3g}; "
+                  f"rule: gain > {d['min_gain']} and p <= {d['max_p_value']})")
+    console.print(f"report: {(run_dir / 'evaluate-2' / 'results' / 'report.html').resolve()}", soft_wrap=True)
 
 
 def _run_job(fn):

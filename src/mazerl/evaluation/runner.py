@@ -44,6 +44,7 @@ class EvalConfig(BaseModel):
     max_turns: int | None = Field(None, ge=1, description="override every split's own turn budget")
     seed: int = Field(0, ge=0)
     env: EnvConfig = EnvConfig()
+    limits: dict[str, int] = Field(default_factory=dict, description="split name -> evaluate only its first N mazes")
     overwrite: bool = False
 
     @model_validator(mode="after")
@@ -88,6 +89,9 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
         tp = open_policy(cfg.model)  # type: ignore[arg-type]
     episodes_played = 0
     for df in frames:
+        limit = cfg.limits.get(str(df.split.iloc[0]))
+        if limit is not None:
+            df = df.iloc[:limit].reset_index(drop=True)
         split_rows = records(df)
         view = cfg.model or PolicyConfig(model="-")
         items = items_from_split(df, range(len(df)), view.render_scale, cfg.max_turns)

@@ -1,0 +1,32 @@
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
+
+
+def evaluate(model: str, mazes: Input[Dataset], heldout_mazes: int, other_mazes: int, training_log: str,
+             results: Output[Dataset], metrics: Output[Metrics], report: Output[HTML], report_md: Output[Markdown]) -> float:
+    """Greedy evaluation on every frozen split.
+
+    Args:
+        model: model to evaluate (path or hub id).
+        mazes: the dataset from generate_mazes.
+        heldout_mazes: how many heldout mazes (>= 500 for the default run).
+        other_mazes: how many mazes of every other split.
+        training_log: metrics.jsonl of the training run, for the curve ('' = none).
+        results: episodes.parquet, summary.json, reports.
+        metrics: success per split.
+        report: the HTML report.
+        report_md: the Markdown report.
+    Returns:
+        Heldout success rate.
+    """
+    import shutil
+    from pathlib import Path
+
+    from mazerl.workflow import evaluate as run
+
+    summary = run(model, mazes.path, results.path, heldout_mazes, other_mazes, training_log or None)
+    for split, entry in summary["splits"].items():
+        metrics.log_metric(f"success/{split}", entry["greedy"]["success"])
+        metrics.log_metric(f"loop_rate/{split}", entry["greedy"]["loop_rate"])
+    shutil.copyfile(Path(results.path) / "report.html", report.path)
+    shutil.copyfile(Path(results.path) / "report.md", report_md.path)
+    return summary["splits"]["heldout"]["greedy"]["success"] if "heldout" in summary["splits"] else 0.0

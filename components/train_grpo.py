@@ -1,0 +1,29 @@
+from typing import NamedTuple
+
+from kfp.dsl import Dataset, Input, Metrics, Model, Output
+
+
+def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, trained: Output[Model],
+               metrics: Output[Metrics]) -> NamedTuple("Trained", [("model", str), ("training_log", str)]):
+    """Multi-turn GRPO (backend local: in this process; the rayjob backend launches a RayJob).
+
+    Args:
+        model: model to train (path or hub id).
+        mazes: the dataset from generate_mazes.
+        config: GRPO config YAML.
+        steps: GRPO steps (0 = the config's).
+        trained: output directory: checkpoints/, final/, metrics.jsonl, tensorboard/.
+        metrics: headline numbers of the last step.
+    Returns:
+        model: path of the trained model; training_log: its metrics.jsonl.
+    """
+    from collections import namedtuple
+
+    from mazerl.workflow import train_grpo as run
+
+    extra = {"steps": steps} if steps > 0 else {}
+    final, record = run(model, mazes.path, config, trained.path, extra)
+    for key in ("reward_mean", "success_rate", "entropy", "step"):
+        if key in record:
+            metrics.log_metric(key, float(record[key]))
+    return namedtuple("Trained", ["model", "training_log"])(final, trained.path + "/metrics.jsonl")

@@ -1,0 +1,36 @@
+from kfp.dsl import Dataset, Input, Model, Output
+
+
+def resolve_model(model: str, registry_root: str, base_model: Output[Model]) -> str:
+    """The model this run starts from: the last promoted one, else `model` ('tiny' builds it).
+
+    Args:
+        model: path or hub id of the base model, or 'tiny'.
+        registry_root: promotion registry root ('' = none).
+        base_model: output directory used when the tiny model is built.
+    Returns:
+        Path or hub id of the starting model.
+    """
+    from mazerl.workflow import resolve_base_model
+
+    return resolve_base_model(model, base_model.path, registry_root or None)
+
+
+def warm_start(model: str, mazes: Input[Dataset], config: str, enabled: bool, steps: int, warm_model: Output[Model]) -> str:
+    """Behaviour-cloning warm start on solver moves (for models without pretraining).
+
+    Args:
+        model: starting model (path or hub id).
+        mazes: the dataset from generate_mazes.
+        config: SFT config YAML.
+        enabled: when False the starting model passes through unchanged.
+        steps: behaviour-cloning steps (0 = the config's).
+        warm_model: output directory of the warm-started model.
+    Returns:
+        Path of the model GRPO starts from.
+    """
+    if not enabled:
+        return model
+    from mazerl.workflow import warm_start as run
+
+    return run(model, mazes.path, config, warm_model.path, {"steps": steps} if steps > 0 else {})

@@ -1,0 +1,1 @@
+"""The mazerl DAG and its compile / local-run entry points."""

@@ -1,0 +1,80 @@
+"""The mazerl DAG:
+    generate_mazes -> resolve_model -> warm_start -> [evaluate (baseline)]
+                                                  -> train_grpo -> [evaluate (trained)]
+                   -> compare -> If(improved == 1) -> promote
+    inside an ExitHandler whose cleanup deletes launched resources (nothing locally).
+
+Generation is cached (same preset + seeds = same splits); training and evaluation are not.
+Steps that can hit transient faults (storage, cluster) retry. The branch is on a number.
+"""
+
+
+from kfp import dsl
+
+import components
+from mazerl.profiles import Profile
+
+
+def build_pipeline(profile: Profile):
+    comps = components.build(profile.images.runtime)
+    defaults = profile.pipeline
+
+    @dsl.pipeline(name="mazerl", description="Multi-turn GRPO of a vision-language model on mazes, evaluated on held-out mazes")
+    def mazerl_pipeline(
+        model: str = defaults.model,
+        dataset_preset: str = defaults.dataset_preset,
+        reference: str = "",
+        train_seed: int = 0,
+        warm_start: bool = defaults.warm_start,
+        sft_config: str = defaults.sft_config or "",
+        grpo_config: str = defaults.grpo_config,
+        sft_steps: int = 0,
+        grpo_steps: int = 0,
+        heldout_mazes: int = defaults.eval_heldout_mazes,
+        other_mazes: int = defaults.eval_other_mazes,
+        min_gain: float = defaults.min_gain,
+        max_p_value: float = defaults.max_p_value,
+        registry_root: str = profile.storage.root,
+    ):
+        cleanup = comps["cleanup"](backend=profile.backend)
+        with dsl.ExitHandler(cleanup, name="run"):
+            gen = comps["generate_mazes"](preset=dataset_preset, reference=reference, train_seed=train_seed, registry_root=registry_root)
+            gen.set_caching_options(True).set_retry(2)
+            start = comps["resolve_model"](model=model, registry_root=registry_root).set_caching_options(False)
+            warm = comps["warm_start"](model=start.outputs["Output"], mazes=gen.outputs["mazes"], config=sft_config, enabled=warm_start,
+                                  steps=sft_steps)
+            warm.set_caching_options(False)
+            baseline = comps["evaluate"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
+                                         other_mazes=other_mazes, training_log="").set_caching_options(False)
+            baseline.set_display_name("evaluate-baseline")
+            train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps)
+            train.set_caching_options(False).set_retry(1)
+            trained = comps["evaluate"](model=train.outputs["model"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
+                                        other_mazes=other_mazes, training_log=train.outputs["training_log"]).set_caching_options(False)
+            trained.set_display_name("evaluate-trained")
+            decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
+                                        min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)
+            with dsl.If(decision.outputs["improved"] == 1, name="improved"):
+                comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
+                                 success_diff=decision.outputs["success_diff"], p_value=decision.outputs["p_value"]).set_retry(2)
+        if profile.kind == "hyperpod":
+            _apply_cluster_settings(profile, [gen, start, warm, baseline, train, trained, decision, cleanup])
+
+    return mazerl_pipeline
+
+
+def _apply_cluster_settings(profile: Profile, tasks) -> None:
+    """kfp-kubernetes: FSx claim, node selectors, tolerations and Kueue labels on every task pod."""
+    from kfp import kubernetes
+
+    for task in tasks:
+        if profile.storage.fsx_claim:
+            kubernetes.mount_pvc(task, pvc_name=profile.storage.fsx_claim, mount_path=profile.storage.fsx_mount_path)
+        for key, value in profile.node_selector.items():
+            kubernetes.add_node_selector(task, label_key=key, label_value=value)
+        for t in profile.tolerations:
+            kubernetes.add_toleration(task, key=t.key, operator=t.operator, value=t.value, effect=t.effect)
+        if profile.kueue:
+            kubernetes.add_pod_label(task, label_key="kueue.x-k8s.io/queue-name", label_value=profile.kueue.queue_name)
+            if profile.kueue.priority_class:
+                kubernetes.add_pod_label(task, label_key="kueue.x-k8s.io/priority-class", label_value=profile.kueue.priority_class)

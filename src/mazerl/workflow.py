@@ -1,0 +1,121 @@
+"""The pipeline's steps as plain functions: each KFP component calls exactly one of these.
+
+generate -> (baseline evaluation | warm start -> GRPO) -> evaluation -> comparison -> promotion.
+Scheduled retraining: `resolve_base_model` starts from the last promoted model when the registry
+has one; `generate` takes a fresh train seed per run while the evaluation splits stay frozen
+(their `eval_splits_hash` is checked against the registry's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .atomic import write_json
+from .config import ConfigError, load_config
+from .mazes.layout import MazeError
+
+REGISTRY_FILE = "promoted.json"
+
+
+def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, registry_root: str | None = None) -> dict:
+    from .mazes.splits import generate_dataset
+    from .mazes.splits import preset as load_preset
+
+    cfg = load_preset(preset).model_copy(update={"train_seed": train_seed})
+    ref = reference if reference and Path(reference).exists() else None
+    manifest = generate_dataset(cfg, out_dir, ref, overwrite=True)
+    promoted = read_registry(registry_root) if registry_root else None
+    if promoted and promoted.get("eval_splits_hash") not in (None, manifest["eval_splits_hash"]):
+        raise MazeError(
+            f"the frozen evaluation splits changed (hash {manifest['eval_splits_hash'][:12]} vs promoted "
+            f"{promoted['eval_splits_hash'][:12]}): runs would not be comparable"
+        )
+    return manifest
+
+
+def read_registry(root: str | None) -> dict | None:
+    if not root:
+        return None
+    path = Path(root) / REGISTRY_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def resolve_base_model(model: str, out_dir: str, registry_root: str | None) -> str:
+    """The last promoted model if there is one, else `model`; `tiny` builds the tiny CPU model."""
+    promoted = read_registry(registry_root)
+    if promoted and Path(promoted["model"]).exists():
+        return promoted["model"]
+    if model == "tiny":
+        from .policy.tiny import init_tiny
+
+        return str(init_tiny(out_dir, overwrite=True))
+    return model
+
+
+def _job_overrides(model: str, data_dir: str, out_dir: str, extra: dict) -> dict:
+    return {"policy.model": model, "train_data": str(Path(data_dir) / "train.parquet"),
+            "eval_data": str(Path(data_dir) / "heldout.parquet"), "output_dir": out_dir, **extra}
+
+
+def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None) -> str:
+    from .rl.config import SFTConfig
+    from .rl.sft import train_sft
+
+    cfg = load_config(SFTConfig, config, _job_overrides(model, data_dir, out_dir, extra or {}))
+    train_sft(cfg)
+    return str(Path(out_dir) / "final")
+
+
+def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None) -> tuple[str, dict]:
+    from .rl.config import GRPOConfig
+    from .rl.trainer import GRPOTrainer
+
+    cfg = load_config(GRPOConfig, config, _job_overrides(model, data_dir, out_dir, extra or {}))
+    record = GRPOTrainer(cfg).run(resume="auto")
+    return str(Path(out_dir) / "final"), record
+
+
+def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_mazes: int,
+             training_log: str | None = None) -> dict:
+    from .evaluation.runner import EvalConfig
+    from .evaluation.runner import evaluate as run_eval
+    from .rl.config import PolicyConfig
+
+    data = sorted(str(p) for p in Path(data_dir).glob("*.parquet") if p.stem != "train")
+    if not data:
+        raise MazeError(f"{data_dir} has no evaluation splits")
+    limits = {Path(p).stem: (heldout_mazes if Path(p).stem == "heldout" else other_mazes) for p in data}
+    cfg = EvalConfig(policy="model", model=PolicyConfig.for_model(model), data=data, out=out_dir, limits=limits, overwrite=True)
+    return run_eval(cfg, metrics_log=training_log if training_log and Path(training_log).exists() else None)
+
+
+def compare(base_dir: str, new_dir: str, out_dir: str, min_gain: float, max_p_value: float) -> dict:
+    """The promotion rule: heldout success rises by more than `min_gain` with McNemar p <= `max_p_value`."""
+    from .evaluation.compare import compare as run_compare
+    from .evaluation.report import write_compare_report
+
+    result = run_compare(base_dir, new_dir)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_compare_report(out_dir, result)
+    head = result["splits"].get("heldout") or next(iter(result["splits"].values()))
+    improved = head["success_diff"] > min_gain and head["mcnemar_p"] <= max_p_value
+    result["decision"] = {"split": "heldout" if "heldout" in result["splits"] else next(iter(result["splits"])),
+                          "success_diff": head["success_diff"], "p_value": head["mcnemar_p"],
+                          "min_gain": min_gain, "max_p_value": max_p_value, "improved": bool(improved)}
+    write_json(Path(out_dir) / "comparison.json", result)
+    return result
+
+
+def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_hash: str, run_id: str) -> dict:
+    """Record the promoted model in the registry pointer (atomic; the previous one is kept in history)."""
+    if not Path(model_dir).exists():
+        raise ConfigError(f"cannot promote {model_dir}: it does not exist")
+    root = Path(registry_root)
+    previous = read_registry(registry_root)
+    entry = {"model": str(Path(model_dir).resolve()), "run_id": run_id, "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "eval_splits_hash": eval_splits_hash, "decision": comparison.get("decision"),
+             "history": ([{k: v for k, v in previous.items() if k != "history"}] + previous.get("history", [])) if previous else []}
+    write_json(root / REGISTRY_FILE, entry)
+    return entry

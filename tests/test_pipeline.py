@@ -1,0 +1,89 @@
+"""The KFP pipeline: profiles, compile (with the cluster settings) and a whole local run."""
+
+import json
+import re
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from mazerl.cli import app
+from mazerl.config import ConfigError
+from mazerl.profiles import PROFILE_DIR, REPO_ROOT, available_profiles, load_profile
+
+runner = CliRunner()
+
+
+def test_every_shipped_profile_loads():
+    assert {"local", "hyperpod-p5", "hyperpod-g5"} <= set(available_profiles())
+    for name in available_profiles():
+        load_profile(name)
+
+
+def test_bad_profiles_name_the_problem(tmp_path):
+    with pytest.raises(ConfigError, match="unknown profile 'nope': available"):
+        load_profile("nope")
+    raw = yaml.safe_load((PROFILE_DIR / "hyperpod-p5.yaml").read_text())
+    del raw["namespace"]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="namespace"):
+        load_profile(str(tmp_path / "p.yaml"))
+    raw = yaml.safe_load((PROFILE_DIR / "hyperpod-p5.yaml").read_text())
+    raw["images"]["runtime"] = "mazerl-runtime:latest"
+    (tmp_path / "u.yaml").write_text(yaml.safe_dump(raw))
+    result = runner.invoke(app, ["pipeline", "compile", "--profile", str(tmp_path / "u.yaml"), "--out", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 2 and "not pinned" in result.output
+    raw["colour"] = "blue"
+    (tmp_path / "k.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="colour"):
+        load_profile(str(tmp_path / "k.yaml"))
+
+
+def test_compile_is_deterministic_and_carries_the_cluster_settings(tmp_path):
+    from kfp.components import load_component_from_file
+
+    for name in ("a", "b"):
+        result = runner.invoke(app, ["pipeline", "compile", "--profile", "hyperpod-p5", "--out", str(tmp_path / f"{name}.yaml")])
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / "a.yaml").read_bytes() == (tmp_path / "b.yaml").read_bytes()
+    pipeline = load_component_from_file(str(tmp_path / "a.yaml"))
+    assert pipeline.name == "mazerl"
+    docs = list(yaml.safe_load_all((tmp_path / "a.yaml").read_text()))
+    spec, platform = docs[0], docs[1]
+    assert {"generate-mazes", "train-grpo", "evaluate", "evaluate-2", "compare", "promote"} <= set(
+        re.sub(r"^exec-", "", k) for k in spec["deploymentSpec"]["executors"]
+    )
+    profile = load_profile("hyperpod-p5")
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    train = executors["exec-train-grpo"]
+    assert train["pvcMount"][0]["constant"] == "fsx-claim" and train["pvcMount"][0]["mountPath"] == "/fsx"
+    assert train["nodeSelector"]["labels"] == profile.node_selector
+    assert train["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert train["podMetadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-ml-research-localqueue"
+    images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+    assert images == {profile.images.runtime}
+    # the branch is on a number, never a string (kfp.local evaluates string conditions with eval)
+    dag = spec["root"]["dag"]["tasks"]["exit-handler-1"]
+    inner = spec["components"][dag["componentRef"]["name"]]["dag"]["tasks"]
+    conditions = [t["triggerPolicy"]["condition"] for t in inner.values() if "triggerPolicy" in t]
+    assert conditions == ["int(inputs.parameter_values['pipelinechannel--compare-improved']) == 1"]
+
+
+def test_local_run_of_the_whole_dag(tmp_path, visgym_fixture):
+    raw = yaml.safe_load((PROFILE_DIR / "local.yaml").read_text())
+    raw["storage"]["root"] = str(tmp_path / "store")
+    for key in ("sft_config", "grpo_config"):
+        raw["pipeline"][key] = str(REPO_ROOT / raw["pipeline"][key])
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(raw))
+    result = runner.invoke(app, ["pipeline", "run", "--profile", str(tmp_path / "local.yaml"), "--config", "smoke",
+                                 "--reference", str(visgym_fixture)])
+    assert result.exit_code == 0, result.output[-3000:]
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("report: ") and last.endswith("report.html")
+    report = __import__("pathlib").Path(last.removeprefix("report: "))
+    summary = json.loads((report.parent / "summary.json").read_text())
+    assert summary["splits"]["heldout"]["greedy"]["episodes"] == 16
+    assert "visgym-easy-64" in summary["splits"]
+    assert "promotion:" in result.output and "trained vs baseline" in result.output
+    refused = runner.invoke(app, ["pipeline", "run", "--profile", "hyperpod-p5"])
+    assert refused.exit_code == 2 and "cluster profile" in refused.output
