@@ -43,6 +43,16 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _print_rows(title: str, rows: list[list[str]]) -> None:
+    """A rich table from a header row and data rows."""
+    table = Table(title=title)
+    for col in rows[0]:
+        table.add_column(col, no_wrap=col == "split")
+    for r in rows[1:]:
+        table.add_row(*r)
+    console.print(table)
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -284,13 +294,7 @@ def eval_cmd(
     except ValidationError as err:
         _fail(format_validation_error(err, "(command line)"))
     summary = _run_job(lambda: evaluate(cfg, metrics_log=training_log))
-    rows = eval_tables(summary)
-    table = Table(title=f"evaluation: {policy} {model or ''}".strip())
-    for col in rows[0]:
-        table.add_column(col, no_wrap=col == "split")
-    for r in rows[1:]:
-        table.add_row(*r)
-    console.print(table)
+    _print_rows(f"evaluation: {policy} {model or ''}".strip(), eval_tables(summary))
     meta = summary["meta"]
     console.print(f"{meta['episodes']} episodes in {meta['seconds']:.1f} s ({meta['episodes_per_s']:.1f}/s)")
     console.print(f"report: {out / 'report.html'}", soft_wrap=True)
@@ -312,13 +316,7 @@ def eval_compare_cmd(
     target.mkdir(parents=True, exist_ok=True)
     write_compare_report(target, result)
     write_json(target / "comparison.json", result)
-    rows = compare_tables(result)
-    table = Table(title="new vs base")
-    for col in rows[0]:
-        table.add_column(col, no_wrap=col == "split")
-    for r in rows[1:]:
-        table.add_row(*r)
-    console.print(table)
+    _print_rows("new vs base", compare_tables(result))
     console.print(f"report: {target / 'compare.html'}", soft_wrap=True)
 
 
@@ -394,13 +392,7 @@ def pipeline_run_cmd(
     comparison = json.loads((run_dir / "compare" / "result" / "comparison.json").read_text())
     from .evaluation.report import compare_tables
 
-    rows = compare_tables(comparison)
-    table = Table(title="trained vs baseline (greedy, paired on the same mazes)")
-    for col in rows[0]:
-        table.add_column(col, no_wrap=col == "split")
-    for r in rows[1:]:
-        table.add_row(*r)
-    console.print(table)
+    _print_rows("trained vs baseline (greedy, paired on the same mazes)", compare_tables(comparison))
     d = comparison["decision"]
     console.print(f"promotion: {'yes' if d['improved'] else 'no'} (heldout {d['success_diff']:+.3f}, p = {d['p_value']:.3g}; "
                   f"rule: gain > {d['min_gain']} and p <= {d['max_p_value']})")
