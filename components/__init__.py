@@ -10,6 +10,7 @@ def build(base_image: str) -> dict:
     """name -> KFP component, with the profile's image (never the kfp package installed at run time)."""
     make = dsl.component(base_image=base_image, install_kfp_package=False)
     return {
+        "draw_train_seed": make(generate_mazes.draw_train_seed),
         "generate_mazes": make(generate_mazes.generate_mazes),
         "resolve_model": make(warm_start.resolve_model),
         "warm_start": make(warm_start.warm_start),

@@ -1,6 +1,20 @@
 from kfp.dsl import Dataset, Output
 
 
+def draw_train_seed(train_seed: int, run_id: str) -> int:
+    """The seed of this run's training pool.
+
+    Args:
+        train_seed: an explicit seed (>= 0, repeats a run's training mazes), or -1 for a fresh seed per run.
+        run_id: the pipeline run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER).
+    Returns:
+        The seed to generate the training pool with.
+    """
+    from mazerl.workflow import train_seed_for_run
+
+    return train_seed_for_run(train_seed, run_id)
+
+
 def generate_mazes(preset: str, reference: str, train_seed: int, registry_root: str, mazes: Output[Dataset]) -> str:
     """Generate the frozen maze splits and this run's training pool.
 

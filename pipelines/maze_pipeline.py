@@ -1,5 +1,5 @@
 """The mazerl DAG:
-    generate_mazes -> resolve_model -> warm_start -> [evaluate (baseline)]
+    draw_train_seed -> generate_mazes -> resolve_model -> warm_start -> [evaluate (baseline)]
                                                   -> train_grpo -> [evaluate (trained)]
                    -> compare -> If(improved == 1) -> promote
     inside an ExitHandler whose cleanup deletes launched resources (nothing locally).
@@ -24,7 +24,7 @@ def build_pipeline(profile: Profile):
         model: str = defaults.model,
         dataset_preset: str = defaults.dataset_preset,
         reference: str = "",
-        train_seed: int = 0,
+        train_seed: int = -1,
         warm_start: bool = defaults.warm_start,
         sft_config: str = defaults.sft_config or "",
         grpo_config: str = defaults.grpo_config,
@@ -38,7 +38,8 @@ def build_pipeline(profile: Profile):
     ):
         cleanup = comps["cleanup"](backend=profile.backend)
         with dsl.ExitHandler(cleanup, name="run"):
-            gen = comps["generate_mazes"](preset=dataset_preset, reference=reference, train_seed=train_seed, registry_root=registry_root)
+            seed = comps["draw_train_seed"](train_seed=train_seed, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_caching_options(False)
+            gen = comps["generate_mazes"](preset=dataset_preset, reference=reference, train_seed=seed.output, registry_root=registry_root)
             gen.set_caching_options(True).set_retry(2)
             start = comps["resolve_model"](model=model, registry_root=registry_root).set_caching_options(False)
             warm = comps["warm_start"](model=start.outputs["Output"], mazes=gen.outputs["mazes"], config=sft_config, enabled=warm_start,
@@ -55,10 +56,10 @@ def build_pipeline(profile: Profile):
             decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
                                         min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)
             with dsl.If(decision.outputs["improved"] == 1, name="improved"):
-                comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
+                promote = comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
                                  success_diff=decision.outputs["success_diff"], p_value=decision.outputs["p_value"]).set_retry(2)
         if profile.kind == "hyperpod":
-            _apply_cluster_settings(profile, [gen, start, warm, baseline, train, trained, decision, cleanup])
+            _apply_cluster_settings(profile, [seed, gen, start, warm, baseline, train, trained, decision, promote, cleanup])
 
     return mazerl_pipeline
 

@@ -21,7 +21,8 @@ train_app = typer.Typer(help="Train a policy: behaviour-cloning warm start, then
 app.add_typer(mazes_app, name="mazes")
 app.add_typer(policy_app, name="policy")
 app.add_typer(train_app, name="train")
-pipeline_app = typer.Typer(help="The KFP pipeline: compile, run locally (kfp.local).", no_args_is_help=True)
+pipeline_app = typer.Typer(help="The KFP pipeline: compile, run locally (kfp.local), submit and schedule on a KFP host.",
+                            no_args_is_help=True)
 app.add_typer(pipeline_app, name="pipeline")
 eval_app = typer.Typer(help="Evaluate a policy on frozen splits (mazerl eval --help), or compare two evaluations.")
 app.add_typer(eval_app, name="eval")
@@ -397,6 +398,198 @@ def pipeline_run_cmd(
     console.print(f"promotion: {'yes' if d['improved'] else 'no'} (heldout {d['success_diff']:+.3f}, p = {d['p_value']:.3g}; "
                   f"rule: gain > {d['min_gain']} and p <= {d['max_p_value']})")
     console.print(f"report: {(run_dir / 'evaluate-2' / 'results' / 'report.html').resolve()}", soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------- a KFP server
+
+HostOpt = Annotated[Optional[str], typer.Option("--host", help="KFP API URL (default: the profile's kfp_host)")]
+AuthOpt = Annotated[str, typer.Option("--auth", help="none | token (--token-file or $MAZERL_KFP_TOKEN) | kube (kubeconfig context)")]
+TokenFileOpt = Annotated[Optional[Path], typer.Option("--token-file", help="file holding the bearer token (--auth token)")]
+KubeContextOpt = Annotated[Optional[str], typer.Option("--kube-context", help="kubeconfig context (--auth kube; default: current)")]
+KfpNamespaceOpt = Annotated[str, typer.Option("--kfp-namespace", help="namespace of the ml-pipeline service (--auth kube)")]
+ExperimentOpt = Annotated[str, typer.Option("--experiment", help="KFP experiment (created if missing)")]
+ParamOpt = Annotated[Optional[list[str]], typer.Option("--param", help="pipeline parameter: key=value (repeatable)")]
+
+
+def _connection(prof, host, auth, token_file, kube_context, kfp_namespace):
+    from .kfp_remote import Connection, KFPError, read_token
+
+    try:
+        token = read_token(token_file) if auth == "token" else None
+    except KFPError as err:
+        _fail(str(err))
+    return Connection(host=host or (prof.kfp_host if prof else None), auth=auth, token=token,
+                      kube_context=kube_context, kfp_namespace=kfp_namespace)
+
+
+def _cluster_profile(name: str):
+    prof = _load_profile(name)
+    if prof.kind == "local":
+        _fail(f"profile {prof.name!r} runs here with `mazerl pipeline run`; submit a cluster profile "
+              f"({', '.join(p for p in _profile_names() if p != prof.name)})")
+    return prof
+
+
+def _profile_names() -> list[str]:
+    from .profiles import available_profiles
+
+    return available_profiles()
+
+
+def _prepare_remote(prof, conn, experiment: str, param: list[str] | None, package_dir: Path):
+    """Compile for the profile, check the parameters, connect, upload (or reuse) the version, find the experiment."""
+    from .config import ConfigError, parse_overrides
+    from .kfp_remote import KFPError, Target, check_parameters, connect, ensure_experiment, ensure_pipeline_version
+
+    try:
+        package = _pipeline_modules().compile_pipeline(prof, package_dir / "pipeline.yaml")
+        params = check_parameters(package, parse_overrides(param or []))
+        session = connect(conn)
+        namespace = session.namespace(prof.namespace)
+        pipeline_id, version_id, uploaded = ensure_pipeline_version(session, package, f"mazerl, profile {prof.name}")
+        experiment_id = ensure_experiment(session, experiment, namespace)
+    except (ConfigError, KFPError) as err:
+        _fail(str(err))
+    console.print(f"pipeline {pipeline_id} version {version_id} ({'uploaded' if uploaded else 'unchanged, reused'}); "
+                  f"experiment {experiment!r} {experiment_id}", soft_wrap=True)
+    return session, Target(pipeline_id, version_id, experiment_id, namespace), params
+
+
+def _pipeline_root(prof) -> str:
+    return f"{prof.storage.root.rstrip('/')}/pipeline-root"
+
+
+@pipeline_app.command("submit")
+def pipeline_submit(
+    profile: Annotated[str, typer.Option(help="cluster profile name (env/<name>.yaml) or path")],
+    host: HostOpt = None,
+    experiment: ExperimentOpt = "mazerl",
+    param: ParamOpt = None,
+    run_name: Annotated[Optional[str], typer.Option(help="run name (default: mazerl-<profile>-<UTC time>)")] = None,
+    auth: AuthOpt = "none",
+    token_file: TokenFileOpt = None,
+    kube_context: KubeContextOpt = None,
+    kfp_namespace: KfpNamespaceOpt = "kubeflow",
+) -> None:
+    """Upload the pipeline (a new version only when it changed) and start one run on the KFP host."""
+    import tempfile
+    from datetime import datetime, timezone
+
+    from .kfp_remote import KFPError, start_run, ui_link
+
+    prof = _cluster_profile(profile)
+    conn = _connection(prof, host, auth, token_file, kube_context, kfp_namespace)
+    name = run_name or f"mazerl-{prof.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    with tempfile.TemporaryDirectory() as tmp:
+        session, target, params = _prepare_remote(prof, conn, experiment, param, Path(tmp))
+        try:
+            run_id = start_run(session, target, name, params, _pipeline_root(prof), prof.service_account)
+        except KFPError as err:
+            _fail(str(err))
+    console.print(f"run {name!r} started: {run_id}")
+    link = ui_link(conn, "runs", run_id)
+    if link:
+        console.print(f"ui: {link}", soft_wrap=True)
+
+
+@pipeline_app.command("schedule")
+def pipeline_schedule(
+    profile: Annotated[str, typer.Option(help="cluster profile name (env/<name>.yaml) or path")],
+    cron: Annotated[Optional[str], typer.Option(help="6-field cron, seconds first: '0 0 3 * * *' = 03:00 daily")] = None,
+    every: Annotated[Optional[str], typer.Option(help="interval instead of cron: 90m, 24h, 7d")] = None,
+    name: Annotated[Optional[str], typer.Option(help="recurring run name (default: mazerl-<profile>-retrain)")] = None,
+    host: HostOpt = None,
+    experiment: ExperimentOpt = "mazerl",
+    param: ParamOpt = None,
+    auth: AuthOpt = "none",
+    token_file: TokenFileOpt = None,
+    kube_context: KubeContextOpt = None,
+    kfp_namespace: KfpNamespaceOpt = "kubeflow",
+) -> None:
+    """Recurring retraining: one run at a time, no catch-up of missed runs; each run trains on fresh mazes."""
+    import tempfile
+
+    from .kfp_remote import KFPError, create_schedule, parse_schedule, ui_link
+
+    prof = _cluster_profile(profile)
+    try:
+        schedule = parse_schedule(cron, every)
+    except KFPError as err:
+        _fail(str(err))
+    conn = _connection(prof, host, auth, token_file, kube_context, kfp_namespace)
+    name = name or f"mazerl-{prof.name}-retrain"
+    with tempfile.TemporaryDirectory() as tmp:
+        session, target, params = _prepare_remote(prof, conn, experiment, param, Path(tmp))
+        if params.get("train_seed", -1) >= 0:
+            err_console.print("[yellow]notice:[/] a fixed train_seed makes every scheduled run train on the same mazes")
+        try:
+            recurring_id = create_schedule(session, target, name, schedule, params, _pipeline_root(prof), prof.service_account)
+        except KFPError as err:
+            _fail(str(err))
+    when = schedule.get("cron_expression") or f"every {schedule['interval_second']} s"
+    console.print(f"recurring run {name!r} created: {recurring_id} ({when}; max concurrency 1, no catch-up)")
+    link = ui_link(conn, "recurringrun", recurring_id)
+    if link:
+        console.print(f"ui: {link}", soft_wrap=True)
+
+
+@pipeline_app.command("list")
+def pipeline_list(
+    profile: Annotated[str, typer.Option(help="cluster profile (its kfp_host and namespace)")],
+    host: HostOpt = None,
+    experiment: Annotated[Optional[str], typer.Option(help="only this experiment's recurring runs")] = None,
+    auth: AuthOpt = "none",
+    token_file: TokenFileOpt = None,
+    kube_context: KubeContextOpt = None,
+    kfp_namespace: KfpNamespaceOpt = "kubeflow",
+) -> None:
+    """List the recurring runs (id, name, schedule, enabled)."""
+    from .kfp_remote import KFPError, connect, find_experiment, list_schedules
+
+    prof = _cluster_profile(profile)
+    conn = _connection(prof, host, auth, token_file, kube_context, kfp_namespace)
+    try:
+        session = connect(conn)
+        namespace = session.namespace(prof.namespace)
+        experiment_id = None
+        if experiment is not None:
+            experiment_id = find_experiment(session, experiment, namespace)
+            if experiment_id is None:
+                _fail(f"no experiment named {experiment!r} on {conn.where()}")
+        rows = list_schedules(session, namespace, experiment_id)
+    except KFPError as err:
+        _fail(str(err))
+    if not rows:
+        console.print("no recurring runs")
+        return
+    # one line per recurring run, never wrapped, so it can be read by eye and by scripts alike
+    lines = [("id", "name", "schedule", "enabled", "created")] + [
+        (r.id, r.name, r.trigger, "yes" if r.enabled else "no", r.created) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(5)]
+    for line in lines:
+        console.print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip(), soft_wrap=True, highlight=False, markup=False)
+
+
+@pipeline_app.command("disable")
+def pipeline_disable(
+    recurring_run_id: Annotated[str, typer.Argument(help="id shown by `mazerl pipeline list`")],
+    profile: Annotated[str, typer.Option(help="cluster profile (its kfp_host)")],
+    host: HostOpt = None,
+    auth: AuthOpt = "none",
+    token_file: TokenFileOpt = None,
+    kube_context: KubeContextOpt = None,
+    kfp_namespace: KfpNamespaceOpt = "kubeflow",
+) -> None:
+    """Stop a recurring run from starting new runs (it stays listed; runs in flight finish)."""
+    from .kfp_remote import KFPError, connect, disable_schedule
+
+    prof = _cluster_profile(profile)
+    conn = _connection(prof, host, auth, token_file, kube_context, kfp_namespace)
+    try:
+        disable_schedule(connect(conn), recurring_run_id)
+    except KFPError as err:
+        _fail(str(err))
+    console.print(f"recurring run {recurring_run_id} disabled")
 
 
 def _run_job(fn):

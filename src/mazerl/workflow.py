@@ -8,6 +8,7 @@ has one; `generate` takes a fresh train seed per run while the evaluation splits
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -17,6 +18,16 @@ from .config import ConfigError, load_config
 from .mazes.layout import MazeError
 
 REGISTRY_FILE = "promoted.json"
+
+
+def train_seed_for_run(train_seed: int, run_id: str) -> int:
+    """The training pool's seed: `train_seed` when given (>= 0), else one derived from the run's id,
+    so every scheduled run trains on fresh mazes while a rerun with an explicit seed repeats exactly."""
+    if train_seed >= 0:
+        return train_seed
+    if not run_id:
+        raise ConfigError("train_seed < 0 asks for a per-run seed, but the run id is empty")
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, registry_root: str | None = None) -> dict:
