@@ -592,6 +592,25 @@ def pipeline_disable(
     console.print(f"recurring run {recurring_run_id} disabled")
 
 
+@pipeline_app.command("rbac")
+def pipeline_rbac(
+    profile: Annotated[str, typer.Option(help="cluster profile (its namespace and service account)")],
+    iam_role_arn: Annotated[Optional[str], typer.Option(help="IAM role for the service account (IRSA: S3, SageMaker)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write here instead of standard output")] = None,
+) -> None:
+    """ServiceAccount, Role and RoleBinding that let the pipeline's pods run RayJobs: `kubectl apply -f`."""
+    from .atomic import write_text
+    from .cluster_rbac import rbac_manifests, render
+
+    prof = _cluster_profile(profile)
+    text = render(rbac_manifests(prof, iam_role_arn))
+    if out is None:
+        sys.stdout.write(text)
+        return
+    write_text(out, text)
+    err_console.print(f"wrote {out}: kubectl apply -f {out}")
+
+
 def _run_job(fn):
     from .policy.loading import PolicyLoadError
 

