@@ -27,4 +27,6 @@ def cleanup(backend: str) -> str:
     Returns:
         What was cleaned up.
     """
-    return "nothing to clean up" if backend == "local" else f"{backend}: launched resources are deleted by the launcher"
+    from mazerl.workflow import cleanup_launched
+
+    return cleanup_launched(backend)

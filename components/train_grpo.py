@@ -3,15 +3,16 @@ from typing import NamedTuple
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 
-def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, trained: Output[Model],
+def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backend: str, trained: Output[Model],
                metrics: Output[Metrics]) -> NamedTuple("Trained", [("model", str), ("training_log", str)]):
-    """Multi-turn GRPO (backend local: in this process; the rayjob backend launches a RayJob).
+    """Multi-turn GRPO, run where the profile's backend says (local: in this task's process).
 
     Args:
         model: model to train (path or hub id).
         mazes: the dataset from generate_mazes.
         config: GRPO config YAML.
         steps: GRPO steps (0 = the config's).
+        backend: the profile's training backend (see mazerl.workflow.TRAINING_BACKENDS).
         trained: output directory: checkpoints/, final/, metrics.jsonl, tensorboard/.
         metrics: headline numbers of the last step.
     Returns:
@@ -22,7 +23,7 @@ def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, train
     from mazerl.workflow import train_grpo as run
 
     extra = {"steps": steps} if steps > 0 else {}
-    final, record = run(model, mazes.path, config, trained.path, extra)
+    final, record = run(model, mazes.path, config, trained.path, extra, backend=backend)
     for key in ("reward_mean", "success_rate", "entropy", "step"):
         if key in record:
             metrics.log_metric(key, float(record[key]))

@@ -48,7 +48,8 @@ def build_pipeline(profile: Profile):
             baseline = comps["evaluate"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                          other_mazes=other_mazes, training_log="").set_caching_options(False)
             baseline.set_display_name("evaluate-baseline")
-            train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps)
+            train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps,
+                                        backend=profile.backend)
             train.set_caching_options(False).set_retry(1)
             trained = comps["evaluate"](model=train.outputs["model"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                         other_mazes=other_mazes, training_log=train.outputs["training_log"]).set_caching_options(False)
@@ -60,6 +61,9 @@ def build_pipeline(profile: Profile):
                                  success_diff=decision.outputs["success_diff"], p_value=decision.outputs["p_value"]).set_retry(2)
         if profile.kind == "hyperpod":
             _apply_cluster_settings(profile, [seed, gen, start, warm, baseline, train, trained, decision, promote, cleanup])
+            if profile.task_gpus and profile.backend == "local":  # the model runs inside these pods
+                for task in (warm, baseline, train, trained):
+                    task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(profile.task_gpus)
 
     return mazerl_pipeline
 

@@ -16,7 +16,7 @@ from mazerl.workflow import train_seed_for_run
 from kfp_api_server import KFPServer, KFPState
 
 runner = CliRunner()
-PROFILE = "hyperpod-p5"
+PROFILE = "hyperpod-g5"  # backend local: submittable today (hyperpod-p5 needs the rayjob backend)
 
 
 def cli(*args, env=None):
@@ -49,6 +49,8 @@ def test_submit_uploads_the_compiled_pipeline_and_starts_a_run(kfp):
     assert spec["pipelineInfo"]["name"] == "mazerl"
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors["exec-train-grpo"]["pvcMount"][0]["constant"] == profile.storage.fsx_claim
+    train = spec["deploymentSpec"]["executors"]["exec-train-grpo"]["container"]
+    assert train["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"  # task_gpus: 1
     version = state.calls("POST", "/apis/v2beta1/pipelines/upload_version")
     assert len(version) == 1 and version[0].query["name"].startswith("mazerl-")
 
@@ -90,7 +92,7 @@ def test_schedule_creates_recurring_runs_then_list_and_disable(kfp):
         assert body["service_account"] == load_profile(PROFILE).service_account
         # no fixed seed: every scheduled run draws fresh training mazes from its run id
         assert "train_seed" not in body["runtime_config"]["parameters"]
-    assert first.body["display_name"] == "nightly-retrain" and second.body["display_name"] == "mazerl-hyperpod-p5-retrain"
+    assert first.body["display_name"] == "nightly-retrain" and second.body["display_name"] == "mazerl-hyperpod-g5-retrain"
 
     kfp.state.max_page_size = 1  # the listing must follow next_page_token
     listed = cli("list", *_token_args(kfp), env=TOKEN_ENV)
@@ -174,6 +176,8 @@ def test_bad_requests_fail_clearly_and_send_nothing_wrong(kfp, tmp_path):
 
     local = cli("submit", "--profile", "local", "--host", kfp.url)
     assert local.exit_code == 2 and "mazerl pipeline run" in local.output
+    rayjob = cli("schedule", "--profile", "hyperpod-p5", "--host", kfp.url, "--every", "24h")
+    assert rayjob.exit_code == 2 and "'rayjob' is not available" in rayjob.output and "local" in rayjob.output
     # none of the refused commands reached the point of creating anything
     assert not kfp.state.pipelines and not kfp.state.runs and not kfp.state.recurring
 

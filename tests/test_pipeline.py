@@ -85,5 +85,30 @@ def test_local_run_of_the_whole_dag(tmp_path, visgym_fixture):
     assert summary["splits"]["heldout"]["greedy"]["episodes"] == 16
     assert "visgym-easy-64" in summary["splits"]
     assert "promotion:" in result.output and "trained vs baseline" in result.output
+    run_dir = report.parents[2]
+    assert (run_dir / "pipeline.log").is_file()
+    for task in ("generate-mazes", "warm-start", "train-grpo", "evaluate-2", "compare"):
+        assert "Executing task" in (run_dir / task / "task.log").read_text()
     refused = runner.invoke(app, ["pipeline", "run", "--profile", "hyperpod-p5"])
     assert refused.exit_code == 2 and "cluster profile" in refused.output
+
+
+def test_a_failed_task_names_itself_and_its_log_and_keeps_the_other_outputs(tmp_path):
+    raw = yaml.safe_load((PROFILE_DIR / "local.yaml").read_text())
+    raw["storage"]["root"] = str(tmp_path / "store")
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(raw))
+    missing = tmp_path / "no-such-sft.yaml"
+    result = runner.invoke(app, ["pipeline", "run", "--profile", str(tmp_path / "local.yaml"), "--config", "smoke",
+                                 "--param", f"sft_config={missing}"])
+    assert result.exit_code == 2, result.output[-3000:]
+    assert "task 'warm-start' did not finish" in result.output
+    log_line = next(line for line in result.output.splitlines() if line.startswith("its log: "))
+    task_log = __import__("pathlib").Path(log_line.removeprefix("its log: "))
+    assert task_log.name == "task.log" and task_log.parent.name == "warm-start"
+    assert str(missing) in task_log.read_text()  # the task's own error is in its log
+    run_dir = task_log.parents[1]
+    assert (run_dir / "pipeline.log").is_file()
+    generated = next((run_dir / "generate-mazes").rglob("manifest.json"))  # upstream outputs are kept
+    assert json.loads(generated.read_text())["splits"]
+    assert "generate-mazes" in result.output and str(run_dir) in result.output
+    assert not (run_dir / "train-grpo").exists()  # nothing downstream of the failure ran

@@ -367,8 +367,11 @@ def pipeline_run_cmd(
 ) -> None:
     """Run the whole DAG here with kfp.local (SubprocessRunner, no Docker, no Kubernetes)."""
     import json
+    import os
+    import time
 
     from .config import ConfigError, parse_overrides
+    from .task_logs import split_task_logs, tee_stdout
 
     prof = _load_profile(profile)
     if prof.kind != "local":
@@ -384,12 +387,21 @@ def pipeline_run_cmd(
     arguments = {"registry_root": str(root / "registry"), **runner.RUN_CONFIGS[config], **overrides}
     if reference is not None:
         arguments["reference"] = str(reference)
-    try:
-        runner.run_local(prof, root / "runs", arguments)
-    except RuntimeError as err:
-        run_dir = runner.latest_run(root / "runs")
-        _fail(f"the pipeline failed: {err}\ntask outputs and logs so far: {run_dir}")
-    run_dir = runner.latest_run(root / "runs")
+    before = set((root / "runs").glob("mazerl-*"))
+    log = root / "logs" / f"pipeline-{os.getpid()}-{int(time.time())}.log"
+    error: RuntimeError | None = None
+    with tee_stdout(log):
+        try:
+            runner.run_local(prof, root / "runs", arguments)
+        except RuntimeError as err:
+            error = err
+    new_runs = sorted(set((root / "runs").glob("mazerl-*")) - before)
+    run_dir = new_runs[-1] if new_runs else None
+    if run_dir is not None:
+        log = log.replace(run_dir / "pipeline.log")
+        task_logs = split_task_logs(log, run_dir)
+    if error is not None:
+        _report_failure(error, run_dir, log, task_logs if run_dir is not None else {})
     comparison = json.loads((run_dir / "compare" / "result" / "comparison.json").read_text())
     from .evaluation.report import compare_tables
 
@@ -422,11 +434,20 @@ def _connection(prof, host, auth, token_file, kube_context, kfp_namespace):
                       kube_context=kube_context, kfp_namespace=kfp_namespace)
 
 
-def _cluster_profile(name: str):
+def _cluster_profile(name: str, runnable: bool = False):
+    """A cluster profile; `runnable`: also one whose training backend this version has."""
+    from .config import ConfigError
+    from .workflow import check_backend
+
     prof = _load_profile(name)
     if prof.kind == "local":
         _fail(f"profile {prof.name!r} runs here with `mazerl pipeline run`; submit a cluster profile "
               f"({', '.join(p for p in _profile_names() if p != prof.name)})")
+    if runnable:
+        try:
+            check_backend(prof.backend)
+        except ConfigError as err:
+            _fail(f"profile {prof.name!r}: {err}")
     return prof
 
 
@@ -477,7 +498,7 @@ def pipeline_submit(
 
     from .kfp_remote import KFPError, start_run, ui_link
 
-    prof = _cluster_profile(profile)
+    prof = _cluster_profile(profile, runnable=True)
     conn = _connection(prof, host, auth, token_file, kube_context, kfp_namespace)
     name = run_name or f"mazerl-{prof.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -511,7 +532,7 @@ def pipeline_schedule(
 
     from .kfp_remote import KFPError, create_schedule, parse_schedule, ui_link
 
-    prof = _cluster_profile(profile)
+    prof = _cluster_profile(profile, runnable=True)
     try:
         schedule = parse_schedule(cron, every)
     except KFPError as err:
@@ -609,6 +630,23 @@ def pipeline_rbac(
         return
     write_text(out, text)
     err_console.print(f"wrote {out}: kubectl apply -f {out}")
+
+
+def _report_failure(error: RuntimeError, run_dir: Path | None, log: Path, task_logs: dict[str, Path]) -> None:
+    """Which task failed, the end of its log, where the full log is, and what the other tasks left."""
+    from .task_logs import failed_task, tail
+
+    task = failed_task(str(error))
+    lines = [f"the pipeline failed: task {task!r} did not finish" if task else f"the pipeline failed: {error}"]
+    if task and task in task_logs:
+        console.print(f"[bold]last lines of {task}:[/]", highlight=False)
+        console.print(tail(task_logs[task]), markup=False, highlight=False, soft_wrap=True)
+        lines.append(f"its log: {task_logs[task]}")
+    lines.append(f"whole run log: {log}")
+    done = sorted(t for t in task_logs if t != task)
+    if run_dir is not None:
+        lines.append(f"outputs of the tasks that ran ({', '.join(done) or 'none'}): {run_dir}")
+    _fail("\n".join(lines))
 
 
 def _run_job(fn):

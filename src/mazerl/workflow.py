@@ -79,12 +79,32 @@ def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict
     return str(Path(out_dir) / "final")
 
 
-def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None) -> tuple[str, dict]:
+# Where GRPO runs, by the profile's `backend`. "local": in this process (the KFP task pod, or
+# kfp.local here). The HyperPod launcher ("rayjob": a KubeRay RayJob with Ray, vLLM and FSDP2)
+# registers itself here when it lands; until then such a profile is refused before any work starts.
+TRAINING_BACKENDS = ("local",)
+
+
+def check_backend(backend: str) -> None:
+    if backend not in TRAINING_BACKENDS:
+        raise ConfigError(f"training backend {backend!r} is not available in this version of mazerl "
+                          f"(available: {', '.join(TRAINING_BACKENDS)}); use a profile with backend: local")
+
+
+def cleanup_launched(backend: str) -> str:
+    """The ExitHandler's step: the local backend launches nothing outside its own task."""
+    check_backend(backend)
+    return "nothing to clean up (backend local)"
+
+
+def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None,
+               backend: str = "local") -> tuple[str, dict]:
     from .rl.config import GRPOConfig
     from .rl.trainer import GRPOTrainer
 
+    check_backend(backend)
     cfg = load_config(GRPOConfig, config, _job_overrides(model, data_dir, out_dir, extra or {}))
-    record = GRPOTrainer(cfg).run(resume="auto")
+    record = GRPOTrainer(cfg).run(resume="auto")  # a retried task resumes from its last checkpoint
     return str(Path(out_dir) / "final"), record
 
 
@@ -98,7 +118,12 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
     if not data:
         raise MazeError(f"{data_dir} has no evaluation splits")
     limits = {Path(p).stem: (heldout_mazes if Path(p).stem == "heldout" else other_mazes) for p in data}
-    cfg = EvalConfig(policy="model", model=PolicyConfig.for_model(model), data=data, out=out_dir, limits=limits, overwrite=True)
+    import torch
+
+    # a cluster task pod with a GPU evaluates on it (bf16); kfp.local and CPU pods use fp32 on CPU
+    device = {"device": "cuda", "dtype": "bfloat16"} if torch.cuda.is_available() else {}
+    policy = PolicyConfig.for_model(model, **device)
+    cfg = EvalConfig(policy="model", model=policy, data=data, out=out_dir, limits=limits, overwrite=True)
     return run_eval(cfg, metrics_log=training_log if training_log and Path(training_log).exists() else None)
 
 
