@@ -112,3 +112,14 @@ def test_a_failed_task_names_itself_and_its_log_and_keeps_the_other_outputs(tmp_
     assert json.loads(generated.read_text())["splits"]
     assert "generate-mazes" in result.output and str(run_dir) in result.output
     assert not (run_dir / "train-grpo").exists()  # nothing downstream of the failure ran
+
+
+def test_training_backend_seam_refuses_what_it_does_not_have(tmp_path):
+    from mazerl.workflow import TRAINING_BACKENDS, check_backend, cleanup_launched, train_grpo
+
+    assert TRAINING_BACKENDS == ("local",)
+    check_backend("local")
+    assert "nothing" in cleanup_launched("local")
+    with pytest.raises(ConfigError, match=r"'rayjob' is not available .*available: local"):
+        train_grpo("tiny", str(tmp_path), "configs/tiny-grpo.yaml", str(tmp_path / "out"), backend="rayjob")
+    assert not (tmp_path / "out").exists()  # refused before any work
