@@ -32,6 +32,7 @@ def build_pipeline(profile: Profile):
         grpo_steps: int = 0,
         heldout_mazes: int = defaults.eval_heldout_mazes,
         other_mazes: int = defaults.eval_other_mazes,
+        reference_mazes: int = 0,
         min_gain: float = defaults.min_gain,
         max_p_value: float = defaults.max_p_value,
         registry_root: str = profile.storage.root,
@@ -46,13 +47,13 @@ def build_pipeline(profile: Profile):
                                   steps=sft_steps)
             warm.set_caching_options(False)
             baseline = comps["evaluate"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
-                                         other_mazes=other_mazes, training_log="").set_caching_options(False)
+                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="").set_caching_options(False)
             baseline.set_display_name("evaluate-baseline")
             train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps,
                                         backend=profile.backend)
             train.set_caching_options(False).set_retry(1)
             trained = comps["evaluate"](model=train.outputs["model"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
-                                        other_mazes=other_mazes, training_log=train.outputs["training_log"]).set_caching_options(False)
+                                        other_mazes=other_mazes, reference_mazes=reference_mazes, training_log=train.outputs["training_log"]).set_caching_options(False)
             trained.set_display_name("evaluate-trained")
             decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
                                         min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)

@@ -13,7 +13,8 @@ from .maze_pipeline import build_pipeline
 # `--config smoke`: the whole DAG in a few minutes (tests); `default`: the profile's values.
 RUN_CONFIGS = {
     "default": {},
-    "smoke": {"dataset_preset": "smoke", "sft_steps": 20, "grpo_steps": 2, "heldout_mazes": 16, "other_mazes": 4},
+    "smoke": {"dataset_preset": "smoke", "sft_steps": 20, "grpo_steps": 2, "heldout_mazes": 16, "other_mazes": 4,
+              "reference_mazes": 4},
 }
 
 

@@ -83,7 +83,7 @@ def test_local_run_of_the_whole_dag(tmp_path, visgym_fixture):
     report = __import__("pathlib").Path(last.removeprefix("report: "))
     summary = json.loads((report.parent / "summary.json").read_text())
     assert summary["splits"]["heldout"]["greedy"]["episodes"] == 16
-    assert "visgym-easy-64" in summary["splits"]
+    assert summary["splits"]["visgym-easy-64"]["greedy"]["episodes"] == 4  # smoke: reference_mazes = 4
     assert "promotion:" in result.output and "trained vs baseline" in result.output
     run_dir = report.parents[2]
     assert (run_dir / "pipeline.log").is_file()
@@ -123,3 +123,12 @@ def test_training_backend_seam_refuses_what_it_does_not_have(tmp_path):
     with pytest.raises(ConfigError, match=r"'rayjob' is not available .*available: local"):
         train_grpo("tiny", str(tmp_path), "configs/tiny-grpo.yaml", str(tmp_path / "out"), backend="rayjob")
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_evaluation_plays_the_reference_splits_in_full(tmp_path):
+    from mazerl.workflow import evaluation_limits
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": {"reference_splits": {"visgym-easy-64": "maze_2d/easy"}}}))
+    splits = ["heldout", "larger", "visgym-easy-64"]
+    assert evaluation_limits(str(tmp_path), splits, 500, 24) == {"heldout": 500, "larger": 24}
+    assert evaluation_limits(str(tmp_path), splits, 16, 4, reference=4) == {"heldout": 16, "larger": 4, "visgym-easy-64": 4}

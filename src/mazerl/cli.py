@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -27,8 +28,10 @@ app.add_typer(pipeline_app, name="pipeline")
 eval_app = typer.Typer(help="Evaluate a policy on frozen splits (mazerl eval --help), or compare two evaluations.")
 app.add_typer(eval_app, name="eval")
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped into a log (CI, `make demo | tee`), rich would cut tables to 80 columns; give them room.
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=_WIDTH)
 
 
 def _quiet_hf() -> None:
@@ -367,7 +370,6 @@ def pipeline_run_cmd(
 ) -> None:
     """Run the whole DAG here with kfp.local (SubprocessRunner, no Docker, no Kubernetes)."""
     import json
-    import os
     import time
 
     from .config import ConfigError, parse_overrides

@@ -63,7 +63,7 @@ class PipelineDefaults(BaseModel):
     sft_config: str | None = None
     grpo_config: str
     eval_heldout_mazes: int = Field(500, ge=1)
-    eval_other_mazes: int = Field(64, ge=1, description="mazes per other split")
+    eval_other_mazes: int = Field(64, ge=1, description="mazes per other generated split (the VisGym reference splits: all 64)")
     min_gain: float = Field(0.0, description="promote only if success rises by more than this")
     max_p_value: float = Field(0.05, gt=0.0, le=1.0)
 

@@ -108,8 +108,24 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
     return str(Path(out_dir) / "final"), record
 
 
+def evaluation_limits(data_dir: str, splits: list[str], heldout: int, other: int, reference: int = 0) -> dict[str, int]:
+    """Split -> how many of its mazes to play; the reference splits (named in the manifest) are
+    absent, i.e. played in full, unless `reference` > 0."""
+    manifest = Path(data_dir) / "manifest.json"
+    references = set(json.loads(manifest.read_text())["config"].get("reference_splits", {})) if manifest.exists() else set()
+    limits = {}
+    for name in splits:
+        if name not in references:
+            limits[name] = heldout if name == "heldout" else other
+        elif reference > 0:
+            limits[name] = reference
+    return limits
+
+
 def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_mazes: int,
-             training_log: str | None = None) -> dict:
+             training_log: str | None = None, reference_mazes: int = 0) -> dict:
+    """Greedy evaluation of every frozen split: `heldout_mazes` of heldout, `other_mazes` of each other
+    generated split, and the VisGym reference splits in full (their fixed 64) unless `reference_mazes` > 0."""
     from .evaluation.runner import EvalConfig
     from .evaluation.runner import evaluate as run_eval
     from .rl.config import PolicyConfig
@@ -117,7 +133,7 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
     data = sorted(str(p) for p in Path(data_dir).glob("*.parquet") if p.stem != "train")
     if not data:
         raise MazeError(f"{data_dir} has no evaluation splits")
-    limits = {Path(p).stem: (heldout_mazes if Path(p).stem == "heldout" else other_mazes) for p in data}
+    limits = evaluation_limits(data_dir, [Path(p).stem for p in data], heldout_mazes, other_mazes, reference_mazes)
     import torch
 
     # a cluster task pod with a GPU evaluates on it (bf16); kfp.local and CPU pods use fp32 on CPU
