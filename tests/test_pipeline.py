@@ -93,6 +93,13 @@ def test_local_run_of_the_whole_dag(tmp_path, visgym_fixture):
     assert refused.exit_code == 2 and "cluster profile" in refused.output
 
 
+def test_local_run_checks_parameters_before_running(tmp_path):
+    unknown = runner.invoke(app, ["pipeline", "run", "--param", "grpo_stpes=2"])
+    assert unknown.exit_code == 2 and "grpo_stpes" in unknown.output and "grpo_steps" in unknown.output
+    wrong = runner.invoke(app, ["pipeline", "run", "--param", "heldout_mazes=many"])
+    assert wrong.exit_code == 2 and "heldout_mazes = 'many' is not an integer" in wrong.output
+
+
 def test_a_failed_task_names_itself_and_its_log_and_keeps_the_other_outputs(tmp_path):
     raw = yaml.safe_load((PROFILE_DIR / "local.yaml").read_text())
     raw["storage"]["root"] = str(tmp_path / "store")

@@ -370,9 +370,11 @@ def pipeline_run_cmd(
 ) -> None:
     """Run the whole DAG here with kfp.local (SubprocessRunner, no Docker, no Kubernetes)."""
     import json
+    import tempfile
     import time
 
     from .config import ConfigError, parse_overrides
+    from .pipeline_spec import check_parameters
     from .task_logs import split_task_logs, tee_stdout
 
     prof = _load_profile(profile)
@@ -383,6 +385,8 @@ def pipeline_run_cmd(
         _fail(f"unknown --config {config!r}: allowed {', '.join(runner.RUN_CONFIGS)}")
     try:
         overrides = parse_overrides(param or [])
+        with tempfile.TemporaryDirectory() as tmp:  # the same parameter checks as a submission
+            overrides = check_parameters(runner.compile_pipeline(prof, Path(tmp) / "pipeline.yaml"), overrides)
     except ConfigError as err:
         _fail(str(err))
     root = Path(prof.storage.root)
@@ -462,7 +466,8 @@ def _profile_names() -> list[str]:
 def _prepare_remote(prof, conn, experiment: str, param: list[str] | None, package_dir: Path):
     """Compile for the profile, check the parameters, connect, upload (or reuse) the version, find the experiment."""
     from .config import ConfigError, parse_overrides
-    from .kfp_remote import KFPError, Target, check_parameters, connect, ensure_experiment, ensure_pipeline_version
+    from .kfp_remote import KFPError, Target, connect, ensure_experiment, ensure_pipeline_version
+    from .pipeline_spec import check_parameters
 
     try:
         package = _pipeline_modules().compile_pipeline(prof, package_dir / "pipeline.yaml")

@@ -9,7 +9,6 @@ prints are swallowed; callers get ids and UI links back and print them their way
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-import yaml
+from .pipeline_spec import package_digest, pipeline_name
 
 AuthMode = Literal["none", "token", "kube"]
 TOKEN_ENV = "MAZERL_KFP_TOKEN"
@@ -87,7 +86,7 @@ def _api_call(conn: Connection, what: str) -> Iterator[None]:
         elif err.status == 404 and '"message"' not in body:  # not KFP's own "not found": wrong URL or API version
             hint = "; is this a KFP v2 API (…/apis/v2beta1)?"
         raise KFPError(f"{what} failed: {conn.where()} answered HTTP {err.status} {err.reason}: {body.strip()[:500]}{hint}") from None
-    except (urllib3.exceptions.HTTPError, OSError) as err:
+    except (urllib3.exceptions.HTTPError, ConnectionError) as err:
         reason = getattr(err, "reason", None) or err
         raise KFPError(
             f"cannot reach {conn.where()} ({what}): {reason}. Check --host (the profile's kfp_host) and that it is "
@@ -179,46 +178,6 @@ def _through_kube_api(conn: Connection) -> dict[str, Any]:
     proxy = f"{cfg.host.rstrip('/')}/api/v1/namespaces/{conn.kfp_namespace}/services/ml-pipeline:http/proxy"
     return {"host": proxy, "existing_token": bearer.removeprefix("Bearer ").strip(),
             "ssl_ca_cert": cfg.ssl_ca_cert, "verify_ssl": cfg.verify_ssl}
-
-
-# ---------------------------------------------------------------------------- package inspection
-
-
-def pipeline_parameters(package: str | Path) -> dict[str, str]:
-    """Name -> KFP parameter type of the compiled pipeline's inputs."""
-    spec = next(yaml.safe_load_all(Path(package).read_text()))
-    params = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
-    return {name: p["parameterType"] for name, p in params.items()}
-
-
-def check_parameters(package: str | Path, params: dict[str, Any]) -> dict[str, Any]:
-    """Reject names the pipeline does not take and values of the wrong kind, before the server does."""
-    kinds = pipeline_parameters(package)
-    unknown = sorted(set(params) - set(kinds))
-    if unknown:
-        raise KFPError(f"unknown pipeline parameter(s) {', '.join(unknown)}: allowed {', '.join(sorted(kinds))}")
-    checked = {}
-    for name, value in params.items():
-        kind = kinds[name]
-        ok = {
-            "STRING": isinstance(value, str),
-            "NUMBER_INTEGER": isinstance(value, int) and not isinstance(value, bool),
-            "NUMBER_DOUBLE": isinstance(value, (int, float)) and not isinstance(value, bool),
-            "BOOLEAN": isinstance(value, bool),
-        }.get(kind, True)
-        if not ok:
-            raise KFPError(f"pipeline parameter {name} = {value!r} is not a {kind.lower().replace('number_', '')}")
-        checked[name] = float(value) if kind == "NUMBER_DOUBLE" else value
-    return checked
-
-
-def package_digest(package: str | Path) -> str:
-    return hashlib.sha256(Path(package).read_bytes()).hexdigest()
-
-
-def pipeline_name(package: str | Path) -> str:
-    spec = next(yaml.safe_load_all(Path(package).read_text()))
-    return spec["pipelineInfo"]["name"]
 
 
 # ---------------------------------------------------------------------------- schedules
