@@ -58,10 +58,6 @@ class Trajectory:
     def samples(self) -> list[PackedSample]:
         return self.conversation.pack()
 
-    @property
-    def generated_tokens(self) -> int:
-        return sum(s.n_loss_tokens for s in self.samples())
-
 
 # A teacher answers for the model: (reply text, whether the model should learn to say it).
 Teacher = Callable[[MazeEnv], tuple[str, bool]]
