@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfp import compiler, local
 
+from mazerl.pipeline_spec import check_parameters
 from mazerl.profiles import Profile
+from mazerl.task_logs import split_task_logs, tee_stdout
 
 from .maze_pipeline import build_pipeline
 
@@ -38,3 +44,35 @@ def run_local(profile: Profile, pipeline_root: str | Path, arguments: dict) -> o
     """Run the whole DAG as subprocesses of this Python (no Docker, no Kubernetes)."""
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
     return build_pipeline(profile)(**arguments)
+
+
+def check_arguments(profile: Profile, arguments: dict) -> dict:
+    """The parameter checks a submission gets (names, types), against this profile's compiled spec."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return check_parameters(compile_pipeline(profile, Path(tmp) / "pipeline.yaml"), arguments)
+
+
+@dataclass
+class LocalRun:
+    run_dir: Path | None  # None: the run failed before kfp.local created its directory
+    log: Path  # the whole run's output (<run_dir>/pipeline.log once the directory exists)
+    task_logs: dict[str, Path] = field(default_factory=dict)  # task -> <run_dir>/<task>/task.log
+    error: RuntimeError | None = None
+
+
+def run_local_logged(profile: Profile, root: Path, arguments: dict) -> LocalRun:
+    """`run_local` with its output teed to a log, then cut into one log per task beside its outputs."""
+    runs = root / "runs"
+    before = set(runs.glob("mazerl-*"))
+    result = LocalRun(None, root / "logs" / f"pipeline-{os.getpid()}-{int(time.time())}.log")
+    with tee_stdout(result.log):
+        try:
+            run_local(profile, runs, arguments)
+        except RuntimeError as err:
+            result.error = err
+    new_runs = sorted(set(runs.glob("mazerl-*")) - before)
+    if new_runs:
+        result.run_dir = new_runs[-1]
+        result.log = result.log.replace(result.run_dir / "pipeline.log")
+        result.task_logs = split_task_logs(result.log, result.run_dir)
+    return result

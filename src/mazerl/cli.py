@@ -370,12 +370,8 @@ def pipeline_run_cmd(
 ) -> None:
     """Run the whole DAG here with kfp.local (SubprocessRunner, no Docker, no Kubernetes)."""
     import json
-    import tempfile
-    import time
 
     from .config import ConfigError, parse_overrides
-    from .pipeline_spec import check_parameters
-    from .task_logs import split_task_logs, tee_stdout
 
     prof = _load_profile(profile)
     if prof.kind != "local":
@@ -384,30 +380,17 @@ def pipeline_run_cmd(
     if config not in runner.RUN_CONFIGS:
         _fail(f"unknown --config {config!r}: allowed {', '.join(runner.RUN_CONFIGS)}")
     try:
-        overrides = parse_overrides(param or [])
-        with tempfile.TemporaryDirectory() as tmp:  # the same parameter checks as a submission
-            overrides = check_parameters(runner.compile_pipeline(prof, Path(tmp) / "pipeline.yaml"), overrides)
+        overrides = runner.check_arguments(prof, parse_overrides(param or []))
     except ConfigError as err:
         _fail(str(err))
     root = Path(prof.storage.root)
     arguments = {"registry_root": str(root / "registry"), **runner.RUN_CONFIGS[config], **overrides}
     if reference is not None:
         arguments["reference"] = str(reference)
-    before = set((root / "runs").glob("mazerl-*"))
-    log = root / "logs" / f"pipeline-{os.getpid()}-{int(time.time())}.log"
-    error: RuntimeError | None = None
-    with tee_stdout(log):
-        try:
-            runner.run_local(prof, root / "runs", arguments)
-        except RuntimeError as err:
-            error = err
-    new_runs = sorted(set((root / "runs").glob("mazerl-*")) - before)
-    run_dir = new_runs[-1] if new_runs else None
-    if run_dir is not None:
-        log = log.replace(run_dir / "pipeline.log")
-        task_logs = split_task_logs(log, run_dir)
-    if error is not None:
-        _report_failure(error, run_dir, log, task_logs if run_dir is not None else {})
+    run = runner.run_local_logged(prof, root, arguments)
+    if run.error is not None:
+        _report_failure(run.error, run.run_dir, run.log, run.task_logs)
+    run_dir = run.run_dir
     comparison = json.loads((run_dir / "compare" / "result" / "comparison.json").read_text())
     from .evaluation.report import compare_tables
 
@@ -464,27 +447,30 @@ def _profile_names() -> list[str]:
 
 
 def _prepare_remote(prof, conn, experiment: str, param: list[str] | None, package_dir: Path):
-    """Compile for the profile, check the parameters, connect, upload (or reuse) the version, find the experiment."""
+    """Compile for the profile, then the library's preparation (parameters, upload, experiment)."""
     from .config import ConfigError, parse_overrides
-    from .kfp_remote import KFPError, Target, connect, ensure_experiment, ensure_pipeline_version
-    from .pipeline_spec import check_parameters
+    from .kfp_remote import KFPError, prepare
 
     try:
         package = _pipeline_modules().compile_pipeline(prof, package_dir / "pipeline.yaml")
-        params = check_parameters(package, parse_overrides(param or []))
-        session = connect(conn)
-        namespace = session.namespace(prof.namespace)
-        pipeline_id, version_id, uploaded = ensure_pipeline_version(session, package, f"mazerl, profile {prof.name}")
-        experiment_id = ensure_experiment(session, experiment, namespace)
+        session, target, params = prepare(
+            conn, package, parse_overrides(param or []), experiment, namespace=prof.namespace,
+            pipeline_root=prof.pipeline_root, service_account=prof.service_account, description=f"mazerl, profile {prof.name}",
+        )
     except (ConfigError, KFPError) as err:
         _fail(str(err))
-    console.print(f"pipeline {pipeline_id} version {version_id} ({'uploaded' if uploaded else 'unchanged, reused'}); "
-                  f"experiment {experiment!r} {experiment_id}", soft_wrap=True)
-    return session, Target(pipeline_id, version_id, experiment_id, namespace), params
+    console.print(f"pipeline {target.pipeline_id} version {target.version_id} "
+                  f"({'uploaded' if target.uploaded else 'unchanged, reused'}); experiment {experiment!r} {target.experiment_id}",
+                  soft_wrap=True)
+    return session, target, params
 
 
-def _pipeline_root(prof) -> str:
-    return f"{prof.storage.root.rstrip('/')}/pipeline-root"
+def _print_ui_link(conn, kind: str, ident: str) -> None:
+    from .kfp_remote import ui_link
+
+    link = ui_link(conn, kind, ident)
+    if link:
+        console.print(f"ui: {link}", soft_wrap=True)
 
 
 @pipeline_app.command("submit")
@@ -503,7 +489,7 @@ def pipeline_submit(
     import tempfile
     from datetime import datetime, timezone
 
-    from .kfp_remote import KFPError, start_run, ui_link
+    from .kfp_remote import KFPError, start_run
 
     prof = _cluster_profile(profile, runnable=True)
     conn = _connection(prof, host, auth, token_file, kube_context, kfp_namespace)
@@ -511,13 +497,11 @@ def pipeline_submit(
     with tempfile.TemporaryDirectory() as tmp:
         session, target, params = _prepare_remote(prof, conn, experiment, param, Path(tmp))
         try:
-            run_id = start_run(session, target, name, params, _pipeline_root(prof), prof.service_account)
+            run_id = start_run(session, target, name, params)
         except KFPError as err:
             _fail(str(err))
     console.print(f"run {name!r} started: {run_id}")
-    link = ui_link(conn, "runs", run_id)
-    if link:
-        console.print(f"ui: {link}", soft_wrap=True)
+    _print_ui_link(conn, "runs", run_id)
 
 
 @pipeline_app.command("schedule")
@@ -537,7 +521,7 @@ def pipeline_schedule(
     """Recurring retraining: one run at a time, no catch-up of missed runs; each run trains on fresh mazes."""
     import tempfile
 
-    from .kfp_remote import KFPError, create_schedule, parse_schedule, ui_link
+    from .kfp_remote import KFPError, create_schedule, parse_schedule
 
     prof = _cluster_profile(profile, runnable=True)
     try:
@@ -551,14 +535,12 @@ def pipeline_schedule(
         if params.get("train_seed", -1) >= 0:
             err_console.print("[yellow]notice:[/] a fixed train_seed makes every scheduled run train on the same mazes")
         try:
-            recurring_id = create_schedule(session, target, name, schedule, params, _pipeline_root(prof), prof.service_account)
+            recurring_id = create_schedule(session, target, name, schedule, params)
         except KFPError as err:
             _fail(str(err))
     when = schedule.get("cron_expression") or f"every {schedule['interval_second']} s"
     console.print(f"recurring run {name!r} created: {recurring_id} ({when}; max concurrency 1, no catch-up)")
-    link = ui_link(conn, "recurringrun", recurring_id)
-    if link:
-        console.print(f"ui: {link}", soft_wrap=True)
+    _print_ui_link(conn, "recurringrun", recurring_id)
 
 
 @pipeline_app.command("list")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from .pipeline_spec import package_digest, pipeline_name
+from .pipeline_spec import check_parameters, package_digest, pipeline_name
 
 AuthMode = Literal["none", "token", "kube"]
 TOKEN_ENV = "MAZERL_KFP_TOKEN"
@@ -220,12 +220,29 @@ def describe_trigger(trigger) -> str:
 
 @dataclass(frozen=True)
 class Target:
-    """Where a run goes: the pipeline version to run, the experiment, and the run's identity."""
+    """Where a run goes and how it runs: the uploaded version, the experiment, the artifact root and
+    the service account of its pods."""
 
     pipeline_id: str
     version_id: str
     experiment_id: str
     namespace: str | None
+    pipeline_root: str | None
+    service_account: str | None
+    uploaded: bool  # False: an unchanged pipeline reused its existing version
+
+
+def prepare(conn: Connection, package: str | Path, params: dict[str, Any], experiment: str, *, namespace: str | None,
+            pipeline_root: str | None, service_account: str | None, description: str = "") -> tuple[Session, Target, dict]:
+    """Everything before a run or a schedule: check `params` against the package, connect, upload (or
+    reuse) the version, find or create the experiment. Returns the session, the target and the
+    checked parameters."""
+    params = check_parameters(package, params)
+    session = connect(conn)
+    namespace = session.namespace(namespace)
+    pipeline_id, version_id, uploaded = ensure_pipeline_version(session, package, description)
+    experiment_id = ensure_experiment(session, experiment, namespace)
+    return session, Target(pipeline_id, version_id, experiment_id, namespace, pipeline_root, service_account, uploaded), params
 
 
 def ensure_pipeline_version(session: Session, package: str | Path, description: str = "") -> tuple[str, str, bool]:
@@ -265,24 +282,24 @@ def find_experiment(session: Session, name: str, namespace: str | None) -> str |
             return None
 
 
-def start_run(session: Session, target: Target, run_name: str, params: dict, pipeline_root: str | None,
-              service_account: str | None) -> str:
+def _run_settings(target: Target, params: dict) -> dict[str, Any]:
+    """What a run and a recurring run share: the version, the experiment and how the pods run."""
+    return {"experiment_id": target.experiment_id, "params": params, "pipeline_id": target.pipeline_id,
+            "version_id": target.version_id, "pipeline_root": target.pipeline_root, "service_account": target.service_account}
+
+
+def start_run(session: Session, target: Target, run_name: str, params: dict) -> str:
     with _api_call(session.conn, f"starting run {run_name!r}"):
-        run = session.client.run_pipeline(
-            experiment_id=target.experiment_id, job_name=run_name, params=params, pipeline_id=target.pipeline_id,
-            version_id=target.version_id, pipeline_root=pipeline_root, service_account=service_account,
-        )
+        run = session.client.run_pipeline(job_name=run_name, **_run_settings(target, params))
     return run.run_id
 
 
-def create_schedule(session: Session, target: Target, name: str, schedule: dict, params: dict,
-                    pipeline_root: str | None, service_account: str | None) -> str:
+def create_schedule(session: Session, target: Target, name: str, schedule: dict, params: dict) -> str:
     """A recurring run for retraining: never two at once, and no backlog of missed runs after a pause."""
     with _api_call(session.conn, f"creating recurring run {name!r}"):
         recurring = session.client.create_recurring_run(
-            experiment_id=target.experiment_id, job_name=name, description="mazerl scheduled retraining",
-            max_concurrency=1, no_catchup=True, params=params, pipeline_id=target.pipeline_id,
-            version_id=target.version_id, pipeline_root=pipeline_root, service_account=service_account, **schedule,
+            job_name=name, description="mazerl scheduled retraining", max_concurrency=1, no_catchup=True,
+            **_run_settings(target, params), **schedule,
         )
     return recurring.recurring_run_id
 

@@ -95,6 +95,11 @@ class Profile(BaseModel):
                 raise ValueError("a hyperpod profile needs storage.fsx_claim (the FSx for Lustre PVC, e.g. fsx-claim)")
         return self
 
+    @property
+    def pipeline_root(self) -> str:
+        """Where KFP keeps this profile's run artifacts."""
+        return f"{self.storage.root.rstrip('/')}/pipeline-root"
+
     def check_pinned(self) -> None:
         """Cluster images must be pinned by digest (image@sha256:...), so a run is reproducible."""
         if self.kind == "local":
