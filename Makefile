@@ -6,11 +6,9 @@ PY := $(VENV)/bin/python
 MAZERL := $(VENV)/bin/mazerl
 # Reinstall when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
-# VisGym's 64+64 reference mazes, when the shared fixtures sit beside the checkout.
-REFERENCE ?= $(wildcard ../shared/fixtures/visgym_maze2d_public.json)
 DEMO_OUT ?= outputs/demo
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench clean tiny-base
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +27,11 @@ test: install
 # The whole KFP DAG on this machine with kfp.local: mazes -> tiny model -> warm start -> GRPO ->
 # evaluations -> comparison -> promotion (if it improved). Last line: `report: PATH`.
 demo: install
-	$(MAZERL) pipeline run --profile local --config default $(if $(REFERENCE),--reference $(REFERENCE),)
+	$(MAZERL) pipeline run --profile local --config default
+
+# Rebuild the shipped pretrained tiny model (src/mazerl/assets/tiny-base) from its seeds: ~75 min on 2 cores.
+tiny-base: install
+	$(MAZERL) policy pretrain-tiny --out src/mazerl/assets/tiny-base --overwrite --minutes 70 --steps 5000
 
 bench: install
 	$(PY) benchmarks/bench_mazes.py --json $(DEMO_OUT)/bench_mazes.json

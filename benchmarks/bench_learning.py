@@ -1,12 +1,13 @@
-"""Does GRPO make the tiny model better? Warm start -> GRPO for a time budget -> paired evaluation.
+"""Does GRPO make tiny-base better, and how fast? GRPO for a time budget from the shipped base,
+greedy success on a fixed set of held-out mazes every few minutes, then a paired comparison.
 
-Greedy success of the warm-start checkpoint and of the GRPO result on the same held-out mazes,
-with Wilson intervals, the paired difference and the exact McNemar p-value; plus the training
-curve (periodic greedy success on a small subset).
+The held-out mazes are the `default` preset's (frozen, never in pretraining or GRPO data: checked
+here by walls hash before anything runs). Success is what is measured, never the shaped reward.
+Writes OUT/learning.json and the curve as a PNG (default docs/learning_curve.png).
 
-Usage:
-  python benchmarks/bench_learning.py --warm outputs/demo/sft/final --mazes outputs/demo/mazes \
-      --grpo-config configs/tiny-grpo.yaml --minutes 15 --eval-mazes 500 --out outputs/bench-learning
+Usage (the issue's benchmark: 60 minutes, 500 mazes, every 5 minutes):
+  python benchmarks/bench_learning.py --minutes 60 --eval-every-minutes 5 --eval-mazes 500 \
+      --out outputs/bench-learning --png docs/learning_curve.png
 """
 
 from __future__ import annotations
@@ -24,61 +25,114 @@ from mazerl.rl.common import open_policy
 from mazerl.rl.config import GRPOConfig, PolicyConfig
 from mazerl.rl.metrics import read_metrics
 from mazerl.rl.trainer import GRPOTrainer
-from mazerl.rollout.engine import SamplingParams
 from mazerl.rollout.multiturn import items_from_split, rollout
 
 
-def greedy_successes(model_dir: str, policy: PolicyConfig, split: Path, n: int) -> tuple[list[bool], float]:
-    tp = open_policy(policy.model_copy(update={"model": model_dir}))
+def greedy_successes(policy: PolicyConfig, split: Path, n: int) -> list[bool]:
+    tp = open_policy(policy)
     df = read_split(split)
     items = items_from_split(df, range(min(n, len(df))), policy.render_scale)
-    t0 = time.perf_counter()
-    trajs = rollout(tp.engine, tp.chat, items, sampling=SamplingParams(temperature=0.0, max_new_tokens=policy.max_new_tokens),
-                    history=policy.history)
-    return [t.stats.success for t in trajs], time.perf_counter() - t0
+    trajs = rollout(tp.engine, tp.chat, items, sampling=policy.sampling(temperature=0.0), history=policy.history)
+    return [bool(t.stats.success) for t in trajs]
+
+
+def check_unseen(mazes: Path, model: str) -> dict:
+    """No evaluation layout in GRPO's pool or in the base's pretraining pool (walls, up to symmetry)."""
+    from mazerl.rl.pretrain import POOL_FILE
+
+    heldout = set(read_split(mazes / "heldout.parquet").walls_hash)
+    train = set(read_split(mazes / "train.parquet").walls_hash)
+    assert not heldout & train, "GRPO's train split shares layouts with heldout"
+    pool_file = Path(model) / POOL_FILE
+    pretrain = set(read_split(pool_file).walls_hash) if pool_file.exists() else set()
+    assert not heldout & pretrain, "the base's pretraining pool shares layouts with heldout"
+    return {"heldout_layouts": len(heldout), "grpo_train_layouts": len(train), "pretraining_layouts": len(pretrain),
+            "overlap": 0}
+
+
+def plot(curve: list[dict], base_rate: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = [c["training_minutes"] for c in curve]
+    ax.plot(xs, [c["success"] for c in curve], marker="o", label="GRPO (greedy, held-out)")
+    lo = [c["wilson95"][0] for c in curve]
+    hi = [c["wilson95"][1] for c in curve]
+    ax.fill_between(xs, lo, hi, alpha=0.2)
+    ax.axhline(base_rate, color="grey", linestyle="--", label="tiny-base")
+    ax.set_xlabel("GRPO training minutes (2 CPU cores)")
+    ax.set_ylabel(f"success on {curve[0]['mazes']} held-out mazes")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.set_title("tiny-base -> GRPO, VisGym-easy size, 18 turns")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--warm", required=True, help="warm-start model directory")
-    ap.add_argument("--mazes", required=True, type=Path, help="dataset directory (train + heldout)")
-    ap.add_argument("--grpo-config", required=True)
-    ap.add_argument("--minutes", type=float, default=15.0)
+    ap.add_argument("--model", default="tiny-base", help="base model (default: the shipped tiny-base)")
+    ap.add_argument("--mazes", type=Path, help="dataset directory (default: generate the default preset into OUT/mazes)")
+    ap.add_argument("--grpo-config", default="tiny-grpo")
+    ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--eval-every-minutes", type=float, default=5.0)
     ap.add_argument("--eval-mazes", type=int, default=500)
-    ap.add_argument("--eval-split", type=Path, help="split for the before/after evaluation (default: MAZES/heldout.parquet)")
-    ap.add_argument("--curve-every", type=int, default=5)
-    ap.add_argument("--curve-mazes", type=int, default=64)
+    ap.add_argument("--set", action="append", default=[], help="GRPO config override key=value")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench-learning"))
+    ap.add_argument("--png", type=Path, default=Path("docs/learning_curve.png"))
     args = ap.parse_args()
 
+    from mazerl.config import parse_overrides
+    from mazerl.mazes.splits import generate_dataset, preset
+    from mazerl.mazes.visgym import reference_file
+
+    mazes = args.mazes
+    if mazes is None:
+        mazes = args.out / "mazes"
+        if not (mazes / "manifest.json").exists():
+            generate_dataset(preset("default"), mazes, reference_file(), overwrite=True)
     cfg = load_config(GRPOConfig, args.grpo_config, {
-        "policy.model": args.warm, "train_data": str(args.mazes / "train.parquet"),
-        "eval_data": str(args.eval_split or args.mazes / "heldout.parquet"), "output_dir": str(args.out / "grpo"),
-        "steps": 10_000, "max_minutes": args.minutes, "eval_every": args.curve_every, "eval_mazes": args.curve_mazes,
+        "policy.model": args.model, "train_data": str(mazes / "train.parquet"),
+        "eval_data": str(mazes / "heldout.parquet"), "output_dir": str(args.out / "grpo"),
+        "steps": 100_000, "max_minutes": args.minutes, "eval_every": 0,
+        "eval_every_minutes": args.eval_every_minutes, "eval_mazes": args.eval_mazes, **parse_overrides(args.set),
     })
-    heldout = args.eval_split or args.mazes / "heldout.parquet"
-    base, base_s = greedy_successes(args.warm, cfg.policy, heldout, args.eval_mazes)
-    print(f"warm start: {sum(base)}/{len(base)} greedy successes ({base_s:.0f} s)", flush=True)
+    unseen = check_unseen(mazes, cfg.policy.model)
+    heldout = mazes / "heldout.parquet"
+    base = greedy_successes(cfg.policy, heldout, args.eval_mazes)
+    print(f"base: {sum(base)}/{len(base)} greedy successes", flush=True)
 
     t0 = time.perf_counter()
     last = GRPOTrainer(cfg, on_step=lambda s, r: print(
-        f"step {s}: reward {r['reward_mean']:.3f} success {r['success_rate']:.3f} "
-        f"train {r['time/training_total']:.0f}s" + (f" eval {r['eval/success']:.3f}" if "eval/success" in r else ""), flush=True,
+        f"step {s}: reward {r['reward_mean']:.3f} success {r['success_rate']:.3f} train {r['time/training_total'] / 60:.1f} min"
+        + (f"  heldout {r['eval/success']:.3f}" if "eval/success" in r else ""), flush=True,
     )).run(resume="never")
     wall = time.perf_counter() - t0
 
-    new, new_s = greedy_successes(str(args.out / "grpo" / "final"), cfg.policy, heldout, args.eval_mazes)
+    final_policy = cfg.policy.model_copy(update={"model": str(args.out / "grpo" / "final")})
+    new = greedy_successes(final_policy, heldout, args.eval_mazes)
     cmp = paired_comparison(base, new)
-    curve = [{"step": r["step"], "eval_success": r["eval/success"], "train_success": r.get("success_rate")}
-             for r in read_metrics(args.out / "grpo" / "metrics.jsonl") if "eval/success" in r]
+    curve = [{"training_minutes": 0.0, "step": 0, "success": sum(base) / len(base), "mazes": len(base),
+              "wilson95": list(wilson_interval(sum(base), len(base)))}]
+    for r in read_metrics(args.out / "grpo" / "metrics.jsonl"):
+        if "eval/success" in r and r["step"] > 0:
+            k = round(r["eval/success"] * r["eval/mazes"])
+            curve.append({"training_minutes": r.get("eval/training_minutes", 0.0), "step": r["step"], "success": r["eval/success"],
+                          "mazes": r["eval/mazes"], "wilson95": list(wilson_interval(k, r["eval/mazes"]))})
+    curve.append({"training_minutes": last.get("time/training_total", 0) / 60, "step": last.get("step"),
+                  "success": sum(new) / len(new), "mazes": len(new), "wilson95": list(wilson_interval(sum(new), len(new)))})
+    plot(curve, sum(base) / len(base), args.png)
     result = {
-        "eval_mazes": len(base),
-        "warm_start": {"success": sum(base), "rate": cmp.base_rate, "wilson95": wilson_interval(sum(base), len(base))},
+        "eval_mazes": len(base), "unseen_check": unseen,
+        "base": {"model": cfg.policy.model, "success": sum(base), "rate": cmp.base_rate, "wilson95": wilson_interval(sum(base), len(base))},
         "grpo": {"success": sum(new), "rate": cmp.new_rate, "wilson95": wilson_interval(sum(new), len(new))},
         "difference": {"points": 100 * cmp.diff, "ci95_points": [100 * cmp.diff_low, 100 * cmp.diff_high],
-                       "mcnemar_p": cmp.p_value, "only_warm": cmp.only_base, "only_grpo": cmp.only_new},
+                       "mcnemar_p": cmp.p_value, "only_base": cmp.only_base, "only_grpo": cmp.only_new},
         "grpo_steps": last.get("step"), "grpo_training_minutes": last.get("time/training_total", 0) / 60,
-        "grpo_wall_minutes_incl_curve_evals": wall / 60, "curve": curve,
+        "wall_minutes_incl_evals": wall / 60, "curve": curve, "png": str(args.png),
         "config": cfg.model_dump(mode="json"),
     }
     write_json(args.out / "learning.json", result)

@@ -13,16 +13,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # Its own layer, before the source, so a code change does not reinstall torch.
 RUN pip install torch==2.14.1 torchvision==0.29.1
 
-# Components call mazerl.workflow; configs/ and env/ are read relative to /opt/mazerl, so the
-# package is installed in place (editable) from a copy of the checkout.
+# Components call mazerl.workflow; the job configs, profiles, VisGym reference mazes and tiny-base
+# are package data, so a plain (non-editable) install carries everything a task reads.
 WORKDIR /opt/mazerl
 COPY pyproject.toml README.md ./
 COPY src/ src/
-COPY components/ components/
-COPY pipelines/ pipelines/
-COPY configs/ configs/
-COPY env/ env/
-RUN pip install -e '.[kfp,aws]' \
+RUN pip install '.[kfp,aws]' \
     && useradd --create-home --uid 1000 mazerl
 USER 1000
 ENTRYPOINT []

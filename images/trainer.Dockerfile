@@ -19,12 +19,8 @@ RUN pip install vllm==0.11.0
 WORKDIR /opt/mazerl
 COPY --chown=1000:100 pyproject.toml README.md ./
 COPY --chown=1000:100 src/ src/
-COPY --chown=1000:100 components/ components/
-COPY --chown=1000:100 pipelines/ pipelines/
-COPY --chown=1000:100 configs/ configs/
-COPY --chown=1000:100 env/ env/
-# mazerl's own dependencies only: keep the torch that vLLM installed.
-RUN pip install -e '.[aws]'
+# mazerl's own dependencies only: keep the torch that vLLM installed. Configs and models are package data.
+RUN pip install '.[aws]'
 
 USER 1000
 CMD ["mazerl", "--help"]

@@ -4,23 +4,24 @@ from pathlib import Path
 
 import pytest
 
+from mazerl.mazes.visgym import reference_file
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-FIXTURE = SHARED / "fixtures" / "visgym_maze2d_public.json"
-PNG_DIR = SHARED / "fixtures" / "visgym_png"
+DATA = Path(__file__).resolve().parent / "data"
+# VisGym's own recording (easy + hard, seeds 0-63) ships with the package; its first frames are test data.
+FIXTURE = reference_file()
+PNG_DIR = DATA / "visgym_png"
 
 
 @pytest.fixture(scope="session")
 def visgym_fixture() -> Path:
-    if not FIXTURE.exists():
-        pytest.skip(f"VisGym fixture not found at {FIXTURE} (a user's clone has no ../shared)")
+    assert FIXTURE.is_file(), f"the shipped VisGym reference file is missing: {FIXTURE}"
     return FIXTURE
 
 
 @pytest.fixture(scope="session")
 def visgym_png_dir() -> Path:
-    if not PNG_DIR.exists():
-        pytest.skip(f"VisGym frames not found at {PNG_DIR}")
+    assert PNG_DIR.is_dir(), f"VisGym frames missing: {PNG_DIR}"
     return PNG_DIR
 
 

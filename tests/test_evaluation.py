@@ -163,3 +163,62 @@ def test_model_evaluation_through_the_cli(suite, tmp_path, tiny_model_dir):
     assert summary["splits"]["heldout"]["sampled"]["k"] == 2
     episodes = pd.read_parquet(tmp_path / "ev" / "episodes.parquet")
     assert len(episodes) == 18 and set(episodes.turns) == {3}
+
+
+def test_a_users_table_needs_only_id_grid_start_goal(suite, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    full = read_split(suite / "heldout.parquet").head(8)
+    mine = [{"maze_id": r["maze_id"], "grid": r["grid"], "start": r["start"], "goal": r["goal"], "my_note": "kept out"}
+            for r in records(full)]
+    pq.write_table(pa.Table.from_pylist(mine), tmp_path / "mine.parquet")
+    derived = read_split(tmp_path / "mine.parquet")
+    for col in ("shortest_path_moves", "layout_hash", "walls_hash", "forks_on_solution", "dead_ends_next_to_solution"):
+        assert list(derived[col]) == list(full[col]), col
+    assert set(derived.split) == {"mine"} and set(derived.square_px) == {25} and set(derived.palette) == {"visgym"}
+    assert list(derived.max_turns) == [max(2 * m, m + 10) for m in full.shortest_path_moves]
+    result = runner.invoke(app, ["eval", "--policy", "oracle", "--data", str(tmp_path / "mine.parquet"), "--out", str(tmp_path / "ev")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert summary["splits"]["mine"]["greedy"]["success"] == 1.0 and summary["splits"]["mine"]["greedy"]["episodes"] == 8
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r.update(goal=r["start"]), "start and goal are the same square"),
+    (lambda r: r.update(grid=[row[:-1] if i == 2 else row for i, row in enumerate(r["grid"])]), "rectangular"),
+    (lambda r: r.update(grid=[[2 if v else 0 for v in row] for row in r["grid"]]), "0 \\(floor\\) or 1 \\(wall\\)"),
+    (lambda r: r.update(start=[0, 0]), "start \\(0, 0\\) is on a wall"),
+    (lambda r: r.update(start=[1]), "start must be \\[row, col\\]"),
+])
+def test_a_users_table_with_a_broken_row_is_refused_naming_the_row(suite, tmp_path, edit, message):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"maze_id": r["maze_id"], "grid": r["grid"], "start": r["start"], "goal": r["goal"]}
+            for r in records(read_split(suite / "heldout.parquet").head(3))]
+    edit(rows[1])
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
+    with pytest.raises(MazeError, match=f"row 1 \\(maze_id '{rows[1]['maze_id']}'\\).*{message}"):
+        read_split(tmp_path / "bad.parquet")
+
+
+def test_unreachable_goal_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    grid = [[1] * 7, [1, 0, 1, 0, 0, 0, 1], [1, 0, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0, 1], [1] * 7]
+    pq.write_table(pa.Table.from_pylist([{"maze_id": "walled", "grid": grid, "start": [3, 1], "goal": [1, 5]}]), tmp_path / "u.parquet")
+    with pytest.raises(MazeError, match="row 0 .*cannot be reached"):
+        read_split(tmp_path / "u.parquet")
+
+
+def test_the_training_panel_shows_reward_success_parse_failures_and_entropy(tmp_path):
+    from mazerl.evaluation.report import TRAINING_PANELS, _curve
+
+    keys = {key for _, series in TRAINING_PANELS for key, _ in series}
+    assert {"success_rate", "eval/success", "reward_mean", "parse_failure_rate", "entropy"} <= keys
+    log = [{"step": s, "success_rate": 0.0, "reward_mean": 0.01 * s, "parse_failure_rate": 0.9 - 0.1 * s, "entropy": 4.0}
+           for s in range(1, 6)]
+    assert _curve(log)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _curve([{"step": 1}]) is None

@@ -70,3 +70,37 @@ def test_k3_kl():
     assert (k3_kl(a, a.flip(0)) > 0).all()
     loss, stats = grpo_loss(a, a, torch.zeros(2), torch.tensor([0, 1]), ref_logp=a.flip(0), kl_coef=0.5)
     assert stats.kl > 0 and loss.item() == pytest.approx(0.5 * k3_kl(a, a.flip(0)).mean().item())
+
+
+def test_turn_returns_discount_the_future():
+    from mazerl.rl.grpo import turn_returns
+
+    assert turn_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+    assert turn_returns([0.1, -0.1, 1.0], 1.0) == pytest.approx([1.0, 0.9, 1.0])
+    assert turn_returns([], 0.9) == []
+
+
+def test_state_groups_credit_the_move_made_from_a_shared_state():
+    from mazerl.rl.grpo import state_group_advantages
+
+    # one maze, three episodes; all start in state "s" (turn 0); episode 0 then wins, 1 and 2 lose
+    keys = [["s", "a"], ["s", "b"], ["s", "b"]]
+    rewards = [[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    adv = state_group_advantages([0, 0, 0], keys, rewards, gamma=1.0)
+    # turn 0 from "s": returns 1, 0, 0 -> normalised; "a" is seen once -> 0; "b" twice, same return -> 0
+    assert adv[0][0] > 0 > adv[1][0] and adv[1][0] == adv[2][0]
+    assert adv[0][1] == adv[1][1] == adv[2][1] == 0.0
+    assert sum(adv[i][0] for i in range(3)) == pytest.approx(0.0, abs=1e-9)
+    # the same key in another maze group is another state
+    adv = state_group_advantages([0, 1, 1], keys, rewards, gamma=1.0)
+    assert adv[0][0] == 0.0 and adv[1][0] == adv[2][0] == 0.0
+
+
+def test_turn_state_keys_follow_position_previous_move_and_bump():
+    from types import SimpleNamespace
+
+    from mazerl.rl.trainer import turn_state_keys
+
+    stats = SimpleNamespace(path=[(1, 1), (1, 1), (1, 3), (1, 3)], actions=["up", "right", "stop"])
+    traj = SimpleNamespace(stats=stats, rewards=[0.0, 0.0, 0.0])
+    assert turn_state_keys(traj) == [((1, 1), None, False), ((1, 1), "up", True), ((1, 3), "right", False)]

@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -9,7 +10,7 @@ from typer.testing import CliRunner
 
 from mazerl.cli import app
 from mazerl.config import ConfigError
-from mazerl.profiles import PROFILE_DIR, REPO_ROOT, available_profiles, load_profile
+from mazerl.profiles import PROFILE_DIR, available_profiles, load_profile
 
 runner = CliRunner()
 
@@ -69,25 +70,35 @@ def test_compile_is_deterministic_and_carries_the_cluster_settings(tmp_path):
     assert conditions == ["int(inputs.parameter_values['pipelinechannel--compare-improved']) == 1"]
 
 
-def test_local_run_of_the_whole_dag(tmp_path, visgym_fixture):
+def test_local_run_of_the_whole_dag(tmp_path, monkeypatch):
     raw = yaml.safe_load((PROFILE_DIR / "local.yaml").read_text())
     raw["storage"]["root"] = str(tmp_path / "store")
-    for key in ("sft_config", "grpo_config"):
-        raw["pipeline"][key] = str(REPO_ROOT / raw["pipeline"][key])
     (tmp_path / "local.yaml").write_text(yaml.safe_dump(raw))
-    result = runner.invoke(app, ["pipeline", "run", "--profile", str(tmp_path / "local.yaml"), "--config", "smoke",
-                                 "--reference", str(visgym_fixture)])
+    monkeypatch.chdir(tmp_path)  # named configs and the shipped reference: nothing is read relative to the checkout
+    result = runner.invoke(app, ["pipeline", "run", "--profile", str(tmp_path / "local.yaml"), "--config", "smoke"])
     assert result.exit_code == 0, result.output[-3000:]
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("report: ") and last.endswith("report.html")
-    report = __import__("pathlib").Path(last.removeprefix("report: "))
+    report = Path(last.removeprefix("report: "))
     summary = json.loads((report.parent / "summary.json").read_text())
     assert summary["splits"]["heldout"]["greedy"]["episodes"] == 16
-    assert summary["splits"]["visgym-easy-64"]["greedy"]["episodes"] == 4  # smoke: reference_mazes = 4
-    assert "promotion:" in result.output and "trained vs baseline" in result.output
+    # the shipped VisGym reference splits are evaluated by default (smoke: reference_mazes = 4)
+    assert summary["splits"]["visgym-easy-64"]["greedy"]["episodes"] == 4
+    assert summary["splits"]["visgym-hard-64"]["greedy"]["episodes"] == 4
+    comparison = json.loads((report.parents[2] / "compare" / "result" / "comparison.json").read_text())
+    decision = comparison["decision"]
+    verdict = "yes" if decision["improved"] else "no"
+    assert f"promotion: {verdict} (heldout {decision['success_diff']:+.3f}" in result.output
+    assert decision["improved"] == (decision["success_diff"] > decision["min_gain"] and decision["p_value"] <= decision["max_p_value"])
+    assert "trained vs baseline" in result.output
+    # the console is readable: task boundaries and progress lines, no executor JSON
+    assert "> train-grpo" in result.output and "ok: train-grpo" in result.output
+    assert "train-grpo  step " in result.output and "evaluate-trained  mazes " in result.output
+    assert '"parameterValues"' not in result.output and "executor_input" not in result.output
     run_dir = report.parents[2]
     assert (run_dir / "pipeline.log").is_file()
-    for task in ("generate-mazes", "warm-start", "train-grpo", "evaluate-2", "compare"):
+    assert '"parameterValues"' in (run_dir / "pipeline.log").read_text()  # ... it is all in the logs
+    for task in ("generate-mazes", "resolve-model", "train-grpo", "evaluate-2", "compare"):
         assert "Executing task" in (run_dir / task / "task.log").read_text()
     refused = runner.invoke(app, ["pipeline", "run", "--profile", "hyperpod-p5"])
     assert refused.exit_code == 2 and "cluster profile" in refused.output
@@ -106,11 +117,13 @@ def test_a_failed_task_names_itself_and_its_log_and_keeps_the_other_outputs(tmp_
     (tmp_path / "local.yaml").write_text(yaml.safe_dump(raw))
     missing = tmp_path / "no-such-sft.yaml"
     result = runner.invoke(app, ["pipeline", "run", "--profile", str(tmp_path / "local.yaml"), "--config", "smoke",
-                                 "--param", f"sft_config={missing}"])
+                                 "--param", "warm_start=true", "--param", f"sft_config={missing}"])
     assert result.exit_code == 2, result.output[-3000:]
     assert "task 'warm-start' did not finish" in result.output
+    # the console shows the task's own error, not only kfp's "finished with status FAILURE"
+    assert f"its error: ConfigError: config file not found: {missing}" in result.output
     log_line = next(line for line in result.output.splitlines() if line.startswith("its log: "))
-    task_log = __import__("pathlib").Path(log_line.removeprefix("its log: "))
+    task_log = Path(log_line.removeprefix("its log: "))
     assert task_log.name == "task.log" and task_log.parent.name == "warm-start"
     assert str(missing) in task_log.read_text()  # the task's own error is in its log
     run_dir = task_log.parents[1]
@@ -128,7 +141,7 @@ def test_training_backend_seam_refuses_what_it_does_not_have(tmp_path):
     check_backend("local")
     assert "nothing" in cleanup_launched("local")
     with pytest.raises(ConfigError, match=r"'rayjob' is not available .*available: local"):
-        train_grpo("tiny", str(tmp_path), "configs/tiny-grpo.yaml", str(tmp_path / "out"), backend="rayjob")
+        train_grpo("tiny", str(tmp_path), "tiny-grpo", str(tmp_path / "out"), backend="rayjob")
     assert not (tmp_path / "out").exists()  # refused before any work
 
 
@@ -139,3 +152,47 @@ def test_evaluation_plays_the_reference_splits_in_full(tmp_path):
     splits = ["heldout", "larger", "visgym-easy-64"]
     assert evaluation_limits(str(tmp_path), splits, 500, 24) == {"heldout": 500, "larger": 24}
     assert evaluation_limits(str(tmp_path), splits, 16, 4, reference=4) == {"heldout": 16, "larger": 4, "visgym-easy-64": 4}
+
+
+def test_workflow_refuses_silent_fallbacks(tmp_path):
+    from mazerl.mazes.layout import MazeError
+    from mazerl.workflow import REGISTRY_FILE, resolve_base_model, resolve_reference
+
+    with pytest.raises(MazeError, match="reference file not found: .*nope.json"):
+        resolve_reference(str(tmp_path / "nope.json"))
+    assert resolve_reference("none") is None and resolve_reference("") is None
+    assert Path(resolve_reference("visgym")).is_file()
+    (tmp_path / REGISTRY_FILE).write_text(json.dumps({"model": str(tmp_path / "gone"), "run_id": "r1"}))
+    with pytest.raises(ConfigError, match="no longer exists"):
+        resolve_base_model("tiny-base", str(tmp_path / "out"), str(tmp_path))
+
+
+def test_named_configs_and_profiles_work_from_any_directory(tmp_path, monkeypatch):
+    from mazerl.profiles import resolve_job_config
+
+    monkeypatch.chdir(tmp_path)
+    assert Path(resolve_job_config("tiny-grpo")).is_file()
+    with pytest.raises(ConfigError, match="unknown config 'tiny-grpp'.*tiny-grpo"):
+        resolve_job_config("tiny-grpp")
+    result = runner.invoke(app, ["pipeline", "compile", "--profile", "local", "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "tiny-base" in (tmp_path / "p.yaml").read_text()
+
+
+def test_the_wheel_carries_configs_profiles_reference_model_and_dag(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(root)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next(tmp_path.glob("mazerl-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("mazerl/configs/jobs/tiny-grpo.yaml", "mazerl/configs/profiles/local.yaml",
+                   "mazerl/data/visgym_maze2d_reference.json", "mazerl/assets/tiny-base/model.safetensors",
+                   "mazerl/assets/tiny-base/provenance.json", "mazerl/pipeline/dag.py",
+                   "mazerl/pipeline/components/train_grpo.py"):
+        assert needed in names, needed
+    assert not any(n.startswith(("components/", "pipelines/")) for n in names)  # no top-level packages of those names

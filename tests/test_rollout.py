@@ -86,7 +86,8 @@ def test_garbage_replies_are_counted_not_fatal(tiny_policy):
     trajs = rollout(GarbageEngine(len(policy.tokenizer), chat.im_end), chat, items(3, max_turns=5), history=MARKOV)
     for t in trajs:
         assert t.stats.turns == 5 and t.stats.timeout
-        assert t.stats.parse_failures + t.stats.wall_bumps + t.stats.moves + int(t.stats.stopped) >= 4
+        # every turn is exactly one of: unparsable, a wall bump, a move, or the stop that ended it
+        assert t.stats.parse_failures + t.stats.wall_bumps + t.stats.moves + int(t.stats.stopped) == t.stats.turns
     assert sum(t.stats.parse_failures for t in trajs) >= 10
 
 
@@ -112,6 +113,15 @@ def test_max_new_tokens_cut_is_recorded(tiny_policy):
     trajs = rollout(engine, chat, items(2, max_turns=2), sampling=SamplingParams(max_new_tokens=2), history=MARKOV)
     assert sum(t.truncated_replies for t in trajs) >= 1
     for t in trajs:
-        for s in t.samples():
-            assert s.ids[-2] == chat.im_end  # closed for the next turn, and that token carries no loss
-            assert s.loss_mask[-2] in (0, 1)
+        samples = t.samples()
+        assert len(samples) == t.stats.turns  # Markov view: one training sequence per turn
+        for s, truncated in zip(samples, _truncated_per_turn(t, chat)):
+            assert s.ids[-2] == chat.im_end  # every reply is closed for the next turn
+            # an end-of-turn the model sampled carries loss; one we appended after a cut does not
+            assert s.loss_mask[-2] == (0 if truncated else 1)
+
+
+def _truncated_per_turn(traj, chat):
+    """Per turn: was the reply cut by max_new_tokens (its closing end-of-turn appended, not sampled)?"""
+    replies = [traj.conversation.segments[i] for i in traj.conversation.turn_replies]
+    return [not seg.generated[len(seg.ids) - 2] for seg in replies]

@@ -201,6 +201,52 @@ def policy_init_tiny(
     console.print(f"tiny Qwen3-VL ({size}): {n / 1e6:.2f}M parameters, vocabulary {len(policy.tokenizer)} -> {path}")
 
 
+@policy_app.command("pretrain-tiny")
+def policy_pretrain_tiny(
+    out: Annotated[Path, typer.Option("--out", help="model directory to create (refused if not empty, unless --overwrite)")],
+    config: Annotated[Optional[Path], typer.Option("--config", help="pretraining config YAML (default: the shipped tiny-base recipe)")] = None,
+    minutes: Annotated[Optional[float], typer.Option(help="stop after this much training time (> 0)")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="optimizer steps (overrides the config; the reproducible stopping rule)")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="VisGym recording whose mazes are excluded (default: the shipped one)")] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace a non-empty --out")] = False,
+) -> None:
+    """Build the tiny Qwen3-VL model and pretrain it by behaviour cloning on solver moves (makes tiny-base)."""
+    _quiet_hf()
+    from .config import ConfigError, load_config
+    from .mazes.visgym import reference_file
+    from .rl.pretrain import PretrainConfig, pretrain_tiny
+
+    if minutes is not None and minutes <= 0:
+        _fail(f"--minutes must be > 0, got {minutes}")
+    if steps is not None and steps <= 0:
+        _fail(f"--steps must be >= 1, got {steps}")
+    overrides = {k: v for k, v in {"minutes": minutes, "steps": steps}.items() if v is not None}
+    try:
+        cfg = load_config(PretrainConfig, config, overrides)
+    except ConfigError as err:
+        _fail(str(err))
+    try:
+        from .atomic import check_output_dir
+
+        check_output_dir(out, overwrite=overwrite)
+    except FileExistsError as err:
+        _fail(str(err))
+    ref = reference or reference_file()
+    if not ref.is_file():
+        _fail(f"reference file not found: {ref}")
+    command = ["mazerl", "policy", "pretrain-tiny", "--out", str(out)]
+    for flag, value in (("--config", config), ("--minutes", minutes), ("--steps", steps), ("--reference", reference)):
+        command += [flag, str(value)] if value is not None else []
+    command += ["--overwrite"] if overwrite else []
+    bar, on_step = _train_progress(cfg.steps, ("loss", "move_accuracy", "validation/success"))
+    with bar:
+        prov = _run_job(lambda: pretrain_tiny(cfg, out, reference=ref, overwrite=overwrite, command=command,
+                                             log=lambda m: bar.console.print(m, highlight=False), on_step=on_step))
+    g = prov["heldout"]["greedy"]
+    console.print(f"tiny-base: step {prov['shipped_step']} of {prov['steps_run']} ({prov['shipped_because']}); heldout greedy success "
+                  f"{g['success']:.3f} (95% CI {g['wilson_95'][0]:.3f}-{g['wilson_95'][1]:.3f}) -> {out}", soft_wrap=True)
+
+
 def _train_progress(total: int, keys: tuple[str, ...]):
     bar = _progress()
     task = bar.add_task("training", total=total)
@@ -325,13 +371,11 @@ def eval_compare_cmd(
 
 
 def _pipeline_modules():
-    """components/ and pipelines/ live in the checkout beside src/ (they are not part of the wheel)."""
-    from .profiles import REPO_ROOT
-
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from pipelines import run as pipeline_run
-
+    """The KFP adapter (mazerl.pipeline): imported only by pipeline commands, as it needs kfp."""
+    try:
+        from .pipeline import run as pipeline_run
+    except ImportError as err:
+        _fail(f"the pipeline commands need kfp: pip install 'mazerl[kfp]' ({err})")
     return pipeline_run
 
 
@@ -365,8 +409,9 @@ def pipeline_compile(
 def pipeline_run_cmd(
     profile: Annotated[str, typer.Option(help="a local profile (env/local.yaml)")] = "local",
     config: Annotated[str, typer.Option(help="smoke (minutes) | default (the profile's values)")] = "default",
-    reference: Annotated[Optional[Path], typer.Option(help="VisGym fixture for the reference splits")] = None,
+    reference: Annotated[Optional[str], typer.Option(help="VisGym reference splits: visgym (shipped, default) | none | a recording's path")] = None,
     param: Annotated[Optional[list[str]], typer.Option("--param", help="pipeline parameter override: key=value")] = None,
+    verbose: Annotated[bool, typer.Option(help="show kfp.local's whole output (always kept in the run's logs)")] = False,
 ) -> None:
     """Run the whole DAG here with kfp.local (SubprocessRunner, no Docker, no Kubernetes)."""
     import json
@@ -386,8 +431,10 @@ def pipeline_run_cmd(
     root = Path(prof.storage.root)
     arguments = {"registry_root": str(root / "registry"), **runner.RUN_CONFIGS[config], **overrides}
     if reference is not None:
-        arguments["reference"] = str(reference)
-    run = runner.run_local_logged(prof, root, arguments)
+        arguments["reference"] = reference
+    console.print(f"running the mazerl DAG locally (profile {prof.name}, config {config}); full logs under {root / 'runs'}",
+                  soft_wrap=True, highlight=False)
+    run = runner.run_local_logged(prof, root, arguments, verbose=verbose)
     if run.error is not None:
         _report_failure(run.error, run.run_dir, run.log, run.task_logs)
     run_dir = run.run_dir
@@ -623,10 +670,12 @@ def pipeline_rbac(
 
 def _report_failure(error: RuntimeError, run_dir: Path | None, log: Path, task_logs: dict[str, Path]) -> None:
     """Which task failed, the end of its log, where the full log is, and what the other tasks left."""
-    from .task_logs import failed_task, tail
+    from .task_logs import failed_task, tail, task_error
 
     task = failed_task(str(error))
     lines = [f"the pipeline failed: task {task!r} did not finish" if task else f"the pipeline failed: {error}"]
+    if task and task in task_logs and (cause := task_error(task_logs[task])):
+        lines.insert(1, f"its error: {cause}")
     if task and task in task_logs:
         console.print(f"[bold]last lines of {task}:[/]", highlight=False)
         console.print(tail(task_logs[task]), markup=False, highlight=False, soft_wrap=True)

@@ -28,7 +28,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: dict | 
     data: dict = {}
     source = "(defaults)"
     if path is not None:
-        path = Path(path)
+        from .profiles import resolve_job_config
+
+        path = Path(resolve_job_config(str(path)))
         source = str(path)
         if not path.exists():
             raise ConfigError(f"config file not found: {path}")

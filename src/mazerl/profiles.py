@@ -1,4 +1,7 @@
-"""Deployment profiles: where and how the pipeline runs (env/<name>.yaml), validated at the edge.
+"""Deployment profiles: where and how the pipeline runs, validated at the edge.
+
+Shipped profiles are package data (mazerl/configs/profiles/<name>.yaml), so `--profile local`
+works from any directory; a path to a YAML file of the same shape works too.
 
 `local`: kfp.local on this machine, tiny model, CPU, outputs under the working directory.
 `hyperpod-*`: a KFP installation on SageMaker HyperPod (EKS): pinned images, namespace, service
@@ -16,8 +19,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .config import ConfigError, format_validation_error
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # components/, pipelines/ and env/ live in the checkout
-PROFILE_DIR = REPO_ROOT / "env"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the source checkout (images/, env/k8s/); absent in a wheel
+PROFILE_DIR = Path(__file__).resolve().parent / "configs" / "profiles"
+JOB_CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "jobs"
+
+
+def resolve_job_config(name_or_path: str) -> str:
+    """A job config by name (`tiny-grpo`: mazerl/configs/jobs/tiny-grpo.yaml) or by path."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return str(path)
+    shipped = JOB_CONFIG_DIR / f"{name_or_path}.yaml"
+    if shipped.exists():
+        return str(shipped)
+    names = ", ".join(sorted(p.stem for p in JOB_CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"unknown config {name_or_path!r}: give a YAML file or one of the shipped configs ({names})")
 _PINNED = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 
 
@@ -114,7 +130,7 @@ def available_profiles(directory: Path = PROFILE_DIR) -> list[str]:
 
 
 def load_profile(name_or_path: str, directory: Path = PROFILE_DIR) -> Profile:
-    """A profile by name (env/<name>.yaml) or by path to a YAML file."""
+    """A profile by name (a shipped one: mazerl/configs/profiles/<name>.yaml) or by path to a YAML file."""
     path = Path(name_or_path)
     if not path.suffix:
         path = directory / f"{name_or_path}.yaml"

@@ -16,21 +16,55 @@ from pathlib import Path
 from typing import TextIO
 
 from .atomic import write_text
+from .progress import PREFIX
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _START = re.compile(r"Executing task '([^']+)'")
 _FAILED = re.compile(r"Inner task failed: '([^']+)'")
 
 
-class _Tee:
-    """A text stream that writes to the terminal and to a log file."""
+_FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
+_PIPELINE = re.compile(r"Pipeline '([^']+)' finished with status (\w+)")
 
-    def __init__(self, terminal: TextIO, log: TextIO):
-        self._terminal, self._log = terminal, log
+
+def console_line(line: str) -> str | None:
+    """What the console shows of one line of a local run's output (None: the log only).
+
+    Task starts and ends, and the tasks' own progress lines; kfp.local's executor input/output
+    JSON and the libraries' chatter stay in the logs."""
+    plain = _ANSI.sub("", line).rstrip("\n")
+    if m := _START.search(plain):
+        return f"> {m.group(1)}"
+    if m := _FINISHED.search(plain):
+        return f"{'ok' if m.group(2) == 'SUCCESS' else m.group(2)}: {m.group(1)}"
+    if m := _PIPELINE.search(plain):
+        return f"pipeline {m.group(1)}: {m.group(2)}"
+    at = plain.find(PREFIX)
+    if at >= 0:
+        return "  " + plain[at + len(PREFIX):].strip()
+    return None
+
+
+class _Tee:
+    """A text stream that writes everything to a log file and, to the terminal, what `show` keeps
+    of each complete line (everything when `show` is None)."""
+
+    def __init__(self, terminal: TextIO, log: TextIO, show=None):
+        self._terminal, self._log, self._show = terminal, log, show
+        self._partial = ""
 
     def write(self, text: str) -> int:
         self._log.write(text)
-        return self._terminal.write(text)
+        if self._show is None:
+            return self._terminal.write(text)
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            shown = self._show(line)
+            if shown is not None:
+                self._terminal.write(shown + "\n")
+                self._terminal.flush()
+        return len(text)
 
     def flush(self) -> None:
         self._log.flush()
@@ -41,12 +75,13 @@ class _Tee:
 
 
 @contextlib.contextmanager
-def tee_stdout(log_path: Path) -> Iterator[Path]:
-    """Copy everything printed to stdout (kfp.local's task output included) into `log_path`."""
+def tee_stdout(log_path: Path, show=console_line) -> Iterator[Path]:
+    """Copy everything printed to stdout (kfp.local's task output included) into `log_path`; the
+    terminal gets what `show` keeps of each line (None: everything)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w", encoding="utf-8") as log:
         terminal = sys.stdout
-        sys.stdout = _Tee(terminal, log)  # type: ignore[assignment]
+        sys.stdout = _Tee(terminal, log, show)  # type: ignore[assignment]
         try:
             yield log_path
         finally:
@@ -77,6 +112,19 @@ def failed_task(message: str) -> str | None:
     """The innermost failed task named in kfp.local's "Inner task failed: ..." error."""
     found = _FAILED.search(_ANSI.sub("", message))
     return found.group(1) if found else None
+
+
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Exit|Interrupt)): (.*)$")
+
+
+def task_error(path: Path) -> str | None:
+    """The exception a failed task ended with ("ConfigError: config file not found: ..."), from its log."""
+    found = None
+    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        m = _EXCEPTION.match(_ANSI.sub("", raw).strip())
+        if m:
+            found = f"{m.group(1)}: {m.group(2)}"
+    return found
 
 
 def tail(path: Path, lines: int = 15) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from .atomic import write_json
 from .config import ConfigError, load_config
 from .mazes.layout import MazeError
+from .progress import PREFIX, Progress
 
 REGISTRY_FILE = "promoted.json"
 
@@ -30,13 +31,40 @@ def train_seed_for_run(train_seed: int, run_id: str) -> int:
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
+# The pipeline's `reference` parameter: the shipped VisGym recording, none, or a file's path.
+SHIPPED_REFERENCE = "visgym"
+NO_REFERENCE = ("", "none")
+
+
+def resolve_reference(reference: str | None) -> str | None:
+    """`visgym` -> the shipped VisGym reference mazes; '' or `none` -> no reference splits; else a path
+    that must exist (a missing file is an error, never silently dropped)."""
+    from .mazes.visgym import reference_file
+
+    if reference is None or reference.strip().lower() in NO_REFERENCE:
+        return None
+    if reference == SHIPPED_REFERENCE:
+        return str(reference_file())
+    if not Path(reference).is_file():
+        raise MazeError(f"reference file not found: {reference} (use {SHIPPED_REFERENCE!r} for the shipped VisGym "
+                        "mazes, or 'none' for no reference splits)")
+    return reference
+
+
 def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, registry_root: str | None = None) -> dict:
     from .mazes.splits import generate_dataset
     from .mazes.splits import preset as load_preset
 
     cfg = load_preset(preset).model_copy(update={"train_seed": train_seed})
-    ref = reference if reference and Path(reference).exists() else None
-    manifest = generate_dataset(cfg, out_dir, ref, overwrite=True)
+    total = sum(s.count * (1 if s.derived_from else len(s.sizes) * len(s.algorithms)) for s in cfg.splits.values())
+    done: dict[str, int] = {}
+    with Progress("generate-mazes", total, "mazes") as bar:
+
+        def tick(split: str, n: int, _total: int) -> None:
+            done[split] = n
+            bar.update(sum(done.values()), split=split)
+
+        manifest = generate_dataset(cfg, out_dir, resolve_reference(reference), overwrite=True, progress=tick)
     promoted = read_registry(registry_root) if registry_root else None
     if promoted and promoted.get("eval_splits_hash") not in (None, manifest["eval_splits_hash"]):
         raise MazeError(
@@ -54,15 +82,24 @@ def read_registry(root: str | None) -> dict | None:
 
 
 def resolve_base_model(model: str, out_dir: str, registry_root: str | None) -> str:
-    """The last promoted model if there is one, else `model`; `tiny` builds the tiny CPU model."""
+    """The last promoted model if there is one, else `model`: `tiny` builds the random tiny model,
+    `tiny-base` is the shipped pretrained one (its files checked), anything else is a path or hub id."""
+    from .policy.loading import resolve_model_name
+
     promoted = read_registry(registry_root)
-    if promoted and Path(promoted["model"]).exists():
+    if promoted:
+        if not Path(promoted["model"]).exists():
+            raise ConfigError(
+                f"the registry {Path(registry_root or '') / REGISTRY_FILE} names promoted model {promoted['model']}, "
+                "which no longer exists: restore it, or move promoted.json away to start from the base model again"
+            )
+        print(f"starting from the last promoted model: {promoted['model']} (run {promoted.get('run_id')})")
         return promoted["model"]
     if model == "tiny":
         from .policy.tiny import init_tiny
 
         return str(init_tiny(out_dir, overwrite=True))
-    return model
+    return resolve_model_name(model)
 
 
 def _job_overrides(model: str, data_dir: str, out_dir: str, extra: dict) -> dict:
@@ -75,7 +112,8 @@ def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict
     from .rl.sft import train_sft
 
     cfg = load_config(SFTConfig, config, _job_overrides(model, data_dir, out_dir, extra or {}))
-    train_sft(cfg)
+    with Progress("warm-start", cfg.steps, "step", deadline_s=cfg.max_minutes * 60 if cfg.max_minutes else None) as bar:
+        train_sft(cfg, lambda step, r: bar.update(step, loss=r.get("loss"), accuracy=r.get("move_accuracy")))
     return str(Path(out_dir) / "final")
 
 
@@ -104,7 +142,14 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
 
     check_backend(backend)
     cfg = load_config(GRPOConfig, config, _job_overrides(model, data_dir, out_dir, extra or {}))
-    record = GRPOTrainer(cfg).run(resume="auto")  # a retried task resumes from its last checkpoint
+    deadline = cfg.max_minutes * 60 if cfg.max_minutes else None
+    with Progress("train-grpo", cfg.steps, "step", deadline_s=deadline) as bar:
+
+        def on_step(step: int, r: dict) -> None:
+            bar.update(step, reward=r.get("reward_mean"), success=r.get("success_rate"),
+                       parse_fail=r.get("parse_failure_rate"), entropy=r.get("entropy"), heldout=r.get("eval/success"))
+
+        record = GRPOTrainer(cfg, on_step).run(resume="auto")  # a retried task resumes from its last checkpoint
     return str(Path(out_dir) / "final"), record
 
 
@@ -123,7 +168,7 @@ def evaluation_limits(data_dir: str, splits: list[str], heldout: int, other: int
 
 
 def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_mazes: int,
-             training_log: str | None = None, reference_mazes: int = 0) -> dict:
+             training_log: str | None = None, reference_mazes: int = 0, label: str = "evaluate") -> dict:
     """Greedy evaluation of every frozen split: `heldout_mazes` of heldout, `other_mazes` of each other
     generated split, and the VisGym reference splits in full (their fixed 64) unless `reference_mazes` > 0."""
     from .evaluation.runner import EvalConfig
@@ -138,9 +183,19 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
 
     # a cluster task pod with a GPU evaluates on it (bf16); kfp.local and CPU pods use fp32 on CPU
     device = {"device": "cuda", "dtype": "bfloat16"} if torch.cuda.is_available() else {}
+    if device:
+        print(f"evaluating on {torch.cuda.get_device_name(0)} in bfloat16 (CPU evaluation uses float32)")
     policy = PolicyConfig.for_model(model, **device)
     cfg = EvalConfig(policy="model", model=policy, data=data, out=out_dir, limits=limits, overwrite=True)
-    return run_eval(cfg, metrics_log=training_log if training_log and Path(training_log).exists() else None)
+    if training_log and not Path(training_log).exists():
+        raise ConfigError(f"training log not found: {training_log}")
+    with Progress(label, None, "mazes") as bar:
+        summary = run_eval(cfg, progress=lambda split, done, total: (setattr(bar, "total", total), bar.update(done, split=split)),
+                           metrics_log=training_log or None)
+    heldout = summary["splits"].get("heldout", {}).get("greedy")
+    if heldout:
+        print(f"{PREFIX} {label}  heldout success {heldout['success']:.3f} ({heldout['successes']}/{heldout['episodes']})", flush=True)
+    return summary
 
 
 def compare(base_dir: str, new_dir: str, out_dir: str, min_gain: float, max_p_value: float) -> dict:

@@ -72,20 +72,32 @@ def _steps_hist(episodes: pd.DataFrame) -> bytes:
     return _png(fig)
 
 
+# The training panel: each per-step figure GRPO logs, one small chart each, so a run whose success
+# stays flat still shows what moved (reward, format, entropy).
+TRAINING_PANELS = (
+    ("success", (("success_rate", "training episodes (sampled)"), ("eval/success", "held-out (greedy)"))),
+    ("reward", (("reward_mean", "mean episode reward"),)),
+    ("parse failures per turn", (("parse_failure_rate", "training episodes"),)),
+    ("entropy (nats per token)", (("entropy", "policy entropy"),)),
+)
+
+
 def _curve(metrics: list[dict]) -> bytes | None:
-    pts = [(r["step"], r["eval/success"]) for r in metrics if "eval/success" in r]
-    train = [(r["step"], r["success_rate"]) for r in metrics if "success_rate" in r]
-    if not pts and not train:
+    panels = [(title, [(label, [(r["step"], r[key]) for r in metrics if key in r]) for key, label in series])
+              for title, series in TRAINING_PANELS]
+    panels = [(title, [(label, pts) for label, pts in series if pts]) for title, series in panels]
+    panels = [(title, series) for title, series in panels if series]
+    if not panels:
         return None
-    fig, ax = plt.subplots(figsize=(5, 3))
-    if train:
-        ax.plot(*zip(*train), label="training episodes (sampled)", alpha=0.6)
-    if pts:
-        ax.plot(*zip(*pts), marker="o", label="held-out (greedy)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("success")
-    ax.legend(fontsize=8)
-    ax.set_title("training curve")
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3), squeeze=False)
+    for ax, (title, series) in zip(axes[0], panels):
+        for label, pts in series:
+            ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, markersize=3, label=label)
+        ax.set_xlabel("step")
+        ax.set_title(title, fontsize=9)
+        if len(series) > 1:
+            ax.legend(fontsize=7)
+    fig.suptitle("training", fontsize=10)
     return _png(fig)
 
 

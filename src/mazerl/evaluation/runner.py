@@ -25,7 +25,6 @@ from ..mazes.dataset_io import read_split, records
 from ..mazes.layout import MazeError
 from ..mazes.seeding import derive_seed
 from ..rl.config import PolicyConfig
-from ..rollout.engine import SamplingParams
 from ..rollout.multiturn import items_from_split, rollout
 from .episodes import episode_row
 from .report import write_eval_report
@@ -88,22 +87,27 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
 
         tp = open_policy(cfg.model)  # type: ignore[arg-type]
     episodes_played = 0
+    frames = [df.iloc[: cfg.limits[str(df.split.iloc[0])]].reset_index(drop=True) if str(df.split.iloc[0]) in cfg.limits else df
+              for df in frames]
+    total_mazes = sum(len(df) for df in frames)
+    mazes_before = 0
     for df in frames:
-        limit = cfg.limits.get(str(df.split.iloc[0]))
-        if limit is not None:
-            df = df.iloc[:limit].reset_index(drop=True)
+
+        def turn_progress(turn: int, active: int, n=len(df), split=str(df.split.iloc[0])) -> None:
+            if progress:
+                progress(split, mazes_before + n - active, total_mazes)
+
         split_rows = records(df)
         view = cfg.model or PolicyConfig(model="-")
         items = items_from_split(df, range(len(df)), view.render_scale, cfg.max_turns)
         if cfg.policy == "model":
             assert tp is not None and cfg.model is not None
-            greedy = rollout(tp.engine, tp.chat, items, sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.model.max_new_tokens),
+            greedy = rollout(tp.engine, tp.chat, items, sampling=cfg.model.sampling(temperature=0.0),
                              env_config=cfg.env, history=cfg.model.history)
             runs = [(0, True, [t.stats for t in greedy])]
             if cfg.samples:
                 sampled = rollout(tp.engine, tp.chat, items, group_size=cfg.samples, env_config=cfg.env, history=cfg.model.history,
-                                  sampling=SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.model.max_new_tokens,
-                                                          seed=derive_seed(cfg.seed, "eval")))
+                                  sampling=cfg.model.sampling(temperature=cfg.temperature, seed=derive_seed(cfg.seed, "eval")))
                 for k in range(cfg.samples):
                     runs.append((k + 1, False, [t.stats for t in sampled[k :: cfg.samples]]))
         elif cfg.policy == "oracle":
@@ -115,8 +119,9 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
             for maze, st in zip(split_rows, stats):
                 rows.append(episode_row(maze, st, policy=cfg.policy, sample=sample, greedy=greedy_flag))
                 episodes_played += 1
+        mazes_before += len(df)
         if progress:
-            progress(str(split_rows[0]["split"]), episodes_played)
+            progress(str(split_rows[0]["split"]), mazes_before, total_mazes)
     seconds = time.perf_counter() - started
     episodes = pd.DataFrame(rows)
     summary = summarise(episodes)

@@ -53,6 +53,9 @@ SCHEMA = pa.schema(
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+# A user's own maze table needs only these; read_split derives the other columns from them.
+REQUIRED_COLUMNS = ("maze_id", "grid", "start", "goal")
+MAX_GRID_SIDE = 255  # 127x127 cells: the largest maze a table may hold
 RENDER_COLUMNS = ("square_px", "palette", "agent_marker", "goal_marker", "wall_style")
 
 
@@ -64,7 +67,9 @@ def write_split(rows: list[dict], path: str | Path) -> None:
 
 
 def read_split(path: str | Path) -> pd.DataFrame:
-    """Read a split and check it has every column of the schema."""
+    """Read a maze table. `maze_id`, `grid`, `start` and `goal` are required; any other schema column
+    that is absent is derived (split from the file name, sizes, hashes, shortest path, strata, the
+    default turn budget, VisGym drawing); extra columns are ignored."""
     path = Path(path)
     if not path.exists():
         raise MazeError(f"split file not found: {path}")
@@ -72,10 +77,77 @@ def read_split(path: str | Path) -> pd.DataFrame:
         schema = pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as err:
         raise MazeError(f"{path} is not a readable parquet file: {err}") from None
-    missing = [c for c in COLUMNS if c not in schema.names]
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
     if missing:
-        raise MazeError(f"{path} is missing required column(s): {', '.join(missing)}; a maze split needs: {', '.join(COLUMNS)}")
-    return pq.read_table(path, columns=list(COLUMNS)).to_pandas()
+        raise MazeError(f"{path} is missing required column(s): {', '.join(missing)}; a maze table needs at least "
+                        f"{', '.join(REQUIRED_COLUMNS)} (the other columns are derived when absent)")
+    present = [c for c in COLUMNS if c in schema.names]
+    df = pq.read_table(path, columns=present).to_pandas()
+    if len(present) < len(COLUMNS):
+        df = _derive_columns(df, path)
+    return df[list(COLUMNS)]
+
+
+def _derive_columns(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Fill every absent schema column from maze_id, grid, start and goal (each row checked)."""
+    from .hashing import layout_hash, walls_hash
+    from .render import VISGYM_RENDER
+    from .solver import analyse
+
+    derived: dict[str, list] = {c: [] for c in COLUMNS if c not in df.columns}
+    defaults = {"split": path.stem, "algorithm": "unknown", "seed": -1, "placement": "given", "source_split": None,
+                **VISGYM_RENDER.model_dump()}
+    for i, row in enumerate(df.itertuples(index=False)):
+        maze = _row_maze(row._asdict(), i, path)
+        try:
+            a = analyse(maze)
+        except MazeError:
+            raise MazeError(f"{path} row {i} (maze_id {row.maze_id!r}): the goal {maze.goal} cannot be reached "
+                            f"from the start {maze.start}") from None
+        values = {
+            "height": maze.height, "width": maze.width, "shortest_path_moves": a.shortest_path_moves,
+            "layout_hash": layout_hash(maze.grid, maze.start, maze.goal), "walls_hash": walls_hash(maze.grid),
+            "max_turns": max(2 * a.shortest_path_moves, a.shortest_path_moves + 10),
+            "dead_end_cells": a.dead_end_cells, "forks_on_solution": a.forks_on_solution,
+            "turns_on_solution": a.turns_on_solution, "dead_ends_next_to_solution": a.dead_ends_next_to_solution,
+        }
+        for col in derived:
+            derived[col].append(values[col] if col in values else defaults[col])
+    for col, vals in derived.items():
+        df[col] = vals
+    return df
+
+
+def _row_maze(row: dict, i: int, path: Path) -> Maze:
+    """The maze of one table row, or an error naming the row and what is wrong with it."""
+    where = f"{path} row {i} (maze_id {row.get('maze_id')!r})"
+    try:
+        rows = [list(r) for r in row["grid"]]
+    except TypeError:
+        raise MazeError(f"{where}: grid must be a list of rows of 0/1 values") from None
+    if len({len(r) for r in rows}) > 1:
+        raise MazeError(f"{where}: grid must be rectangular (every row the same length)")
+    try:
+        grid = np.array(rows)
+    except (TypeError, ValueError):
+        raise MazeError(f"{where}: grid must be a list of rows of 0/1 values") from None
+    if grid.ndim != 2 or grid.dtype == object:
+        raise MazeError(f"{where}: grid must be a list of rows of 0/1 values")
+    if grid.shape[0] > MAX_GRID_SIDE or grid.shape[1] > MAX_GRID_SIDE:
+        raise MazeError(f"{where}: grid is {grid.shape[0]}x{grid.shape[1]}; the largest allowed is {MAX_GRID_SIDE}x{MAX_GRID_SIDE}")
+    if grid.size and not np.isin(grid, (0, 1)).all():
+        raise MazeError(f"{where}: grid values must be 0 (floor) or 1 (wall)")
+    for name in ("start", "goal"):
+        v = row[name]
+        if v is None or len(v) != 2:
+            raise MazeError(f"{where}: {name} must be [row, col]")
+    start, goal = tuple(int(x) for x in row["start"]), tuple(int(x) for x in row["goal"])
+    if start == goal:
+        raise MazeError(f"{where}: start and goal are the same square {start}")
+    try:
+        return Maze(grid=grid.astype(np.uint8), start=start, goal=goal)
+    except MazeError as err:
+        raise MazeError(f"{where}: {err}") from None
 
 
 def row_to_maze(row) -> Maze:

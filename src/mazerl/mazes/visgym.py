@@ -3,7 +3,8 @@
 The file is `{"source": str, "episodes": [...]}`; each episode has `env_id` (`maze_2d/easy` or
 `maze_2d/hard`), `seed`, `maze_map`, `agent` and `target` ([row, col]), `shortest_path_moves`,
 `image_shape` and optionally `random_steps` (action, agent, reward, terminated, feedback).
-The package reads such a file by path; it never ships or copies one.
+The package ships one: VisGym's own `maze_2d` easy and hard mazes for seeds 0-63 (the reference
+run's evaluation set), recorded from VisGym, at `reference_file()`; any other recording is read by path.
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ import numpy as np
 from .layout import Maze, MazeError
 
 VISGYM_MAX_TURNS = 18  # the instruct wrapper's turn limit in the reference run
+REFERENCE_NAME = "visgym_maze2d_reference.json"
+
+
+def reference_file() -> Path:
+    """The shipped VisGym reference recording (easy + hard, seeds 0-63), package data."""
+    from importlib.resources import files
+
+    return Path(str(files("mazerl") / "data" / REFERENCE_NAME))
 _EPISODE_KEYS = ("env_id", "seed", "maze_map", "agent", "target", "shortest_path_moves")
 _STEP_KEYS = ("action", "agent", "reward", "terminated", "feedback")
 

@@ -53,6 +53,7 @@ class PackedSample:
     loss_mask: list[int]  # 1 on sampled reply tokens of the turns this sequence was the context for
     old_logprobs: list[float]  # sampler log-probs at those positions, 0 elsewhere
     turns: list[int]
+    token_turns: list[int] = field(default_factory=list)  # per token: the turn of the segment it belongs to (0: system)
 
     @property
     def n_loss_tokens(self) -> int:
@@ -108,13 +109,16 @@ class ChatFormat:
         tail = [*self.text(text), self.im_end, *self._newline, self.im_start, *self.text("assistant\n")]
         return [Segment("prompt", head, turn), Segment("image", img, turn, image=image), Segment("prompt", tail, turn)]
 
-    def reply(self, turn: int, ids: list[int], logprobs: list[float], learn: bool = True) -> Segment:
+    def reply(self, turn: int, ids: list[int], logprobs: list[float], learn: bool = True,
+              forced: list[bool] | None = None) -> Segment:
         """The model's reply as sampled, closed with `<|im_end|>\\n` (appended, not sampled, if missing).
 
         `learn=False` marks a reply that is context only (e.g. an injected random move): no loss on it.
+        `forced` marks tokens a reply grammar fixed (policy.grammar): they are not the model's choice
+        and carry no loss.
         """
         ids = list(ids)
-        generated = [learn] * len(ids)
+        generated = [learn and not (forced[k] if forced else False) for k in range(len(ids))]
         lps = list(logprobs)
         if not ids or ids[-1] != self.im_end:
             ids.append(self.im_end)
@@ -198,9 +202,11 @@ class Conversation:
         images: list[np.ndarray] = []
         mask: list[int] = []
         lps: list[float] = []
+        token_turns: list[int] = []
         for i in keys:
             seg = self.segments[i]
             ids += seg.ids
+            token_turns += [seg.turn] * len(seg.ids)
             if seg.image is not None:
                 images.append(seg.image)
             if i in on_policy and seg.generated is not None and seg.logprobs is not None:
@@ -209,4 +215,5 @@ class Conversation:
             else:
                 mask += [0] * len(seg.ids)
                 lps += [0.0] * len(seg.ids)
-        return PackedSample(ids=ids, images=images, loss_mask=mask, old_logprobs=lps, turns=[t + 1 for t in chain])
+        return PackedSample(ids=ids, images=images, loss_mask=mask, old_logprobs=lps, turns=[t + 1 for t in chain],
+                            token_turns=token_turns)

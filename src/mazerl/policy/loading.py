@@ -1,7 +1,8 @@
 """Open any Qwen-VL-family model and its processor, from a local directory or a hub id.
 
 The tiny CPU model and `Qwen/Qwen3-VL-8B-Instruct` go through the same two calls:
-`AutoModelForImageTextToText.from_pretrained` and `AutoProcessor.from_pretrained`.
+`AutoModelForImageTextToText.from_pretrained` and `AutoProcessor.from_pretrained`. The name
+`tiny-base` stands for the pretrained tiny model shipped inside the package (mazerl/assets).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from pathlib import Path
 import torch
 
 DEFAULT_CLUSTER_MODEL = "Qwen/Qwen3-VL-8B-Instruct"
+# Named models that ship inside the package (package data): name -> folder under mazerl/assets.
+PACKAGED_MODELS = {"tiny-base": "tiny-base"}
+PROVENANCE_FILE = "provenance.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -46,6 +50,44 @@ def _check_local_dir(path: Path) -> None:
         raise PolicyLoadError(f"{path} has no tokenizer (tokenizer.json / tokenizer_config.json)")
 
 
+def _assets_dir() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("mazerl") / "assets"))
+
+
+def packaged_model_dir(name: str) -> Path:
+    """The directory of a model shipped with the package, its files checked against provenance.json."""
+    import hashlib
+    import json
+
+    path = _assets_dir() / PACKAGED_MODELS[name]
+    provenance = path / PROVENANCE_FILE
+    if not provenance.exists():
+        raise PolicyLoadError(
+            f"this build of mazerl has no {name!r} model ({path} is missing or incomplete): rebuild it with "
+            f"`make tiny-base` (mazerl policy pretrain-tiny), or name another model"
+        )
+    try:
+        expected = json.loads(provenance.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, UnicodeDecodeError) as err:
+        raise PolicyLoadError(f"{provenance} is unreadable ({err}): rebuild {name!r} with `make tiny-base`") from None
+    for filename, digest in sorted(expected.items()):
+        f = path / filename
+        if not f.is_file():
+            raise PolicyLoadError(f"{name!r} is damaged: {f} is missing; rebuild it with `make tiny-base`")
+        if hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+            raise PolicyLoadError(f"{name!r} is damaged: {f} does not match its sha256 in {PROVENANCE_FILE}; "
+                                  "reinstall mazerl or rebuild it with `make tiny-base`")
+    return path
+
+
+def resolve_model_name(path_or_id: str | Path) -> str:
+    """A packaged model's name (`tiny-base`) -> its verified directory; anything else unchanged."""
+    name = str(path_or_id)
+    return str(packaged_model_dir(name)) if name in PACKAGED_MODELS else name
+
+
 def looks_like_local_path(path_or_id: str) -> bool:
     return path_or_id.startswith((".", "/", "~")) or Path(path_or_id).exists() or path_or_id.count("/") != 1
 
@@ -56,7 +98,7 @@ def load_policy(path_or_id: str | Path, dtype: str = "float32", device: str = "c
 
     if dtype not in DTYPES:
         raise PolicyLoadError(f"unknown dtype {dtype!r}: allowed {', '.join(DTYPES)}")
-    source = str(path_or_id)
+    source = resolve_model_name(path_or_id)
     if looks_like_local_path(source):
         _check_local_dir(Path(source).expanduser())
     processor = AutoProcessor.from_pretrained(str(processor_path or source))

@@ -3,9 +3,10 @@ image processor, saved as a normal Hugging Face model directory.
 
 It stands in for `Qwen/Qwen3-VL-8B-Instruct` where nothing can be downloaded (CI, laptops): the
 same loader (`policy.loading.load_policy`) opens both. Sizes are chosen to learn on 2 CPU cores:
-`small` (~2.3M parameters: 4 text layers of width 192, a 2-layer vision tower of width 96) and
-`medium` (~9M). Images use 16 px patches merged 2x2, so at 32 px per maze square one vision token
-covers exactly one square.
+`small` (~2.7M parameters: 4 text layers of width 192, a 2-layer vision tower of width 96) and
+`medium` (~9M) use 16 px patches merged 2x2, so at 32 px per maze square one vision token covers
+exactly one square. `base` (the shape of the shipped pretrained `tiny-base`) uses unmerged 16 px
+patches at 16 px per square: the same one token per square from a quarter of the pixels.
 """
 
 from __future__ import annotations
@@ -48,13 +49,18 @@ CHAT_TEMPLATE = (
 )
 
 SIZES = {
-    # text: hidden, layers, heads, kv heads, head dim, mlp; vision: hidden, depth, heads, mlp
-    "small": dict(hidden=192, layers=4, heads=6, kv_heads=2, head_dim=32, mlp=512, v_hidden=96, v_depth=2, v_heads=2, v_mlp=384),
-    "medium": dict(hidden=320, layers=6, heads=10, kv_heads=2, head_dim=32, mlp=1024, v_hidden=128, v_depth=3, v_heads=4, v_mlp=512),
+    # text: hidden, layers, heads, kv heads, head dim, mlp; vision: hidden, depth, heads, mlp, patch px, merge;
+    # tokenizer: vocabulary, whole_phrases (merges across spaces: fixed phrases become few tokens)
+    "small": dict(hidden=192, layers=4, heads=6, kv_heads=2, head_dim=32, mlp=512, v_hidden=96, v_depth=2, v_heads=2, v_mlp=384,
+                  patch=16, merge=2, vocab=640, whole_phrases=False),
+    "medium": dict(hidden=320, layers=6, heads=10, kv_heads=2, head_dim=32, mlp=1024, v_hidden=128, v_depth=3, v_heads=4, v_mlp=512,
+                   patch=16, merge=2, vocab=640, whole_phrases=False),
+    # tiny-base's shape: one 16 px patch = one maze square at 16 px (render_scale 0.64), no merging, so
+    # every image token is one square; short token sequences (phrase tokens) keep a step cheap on CPU.
+    "base": dict(hidden=192, layers=4, heads=4, kv_heads=2, head_dim=48, mlp=576, v_hidden=128, v_depth=3, v_heads=4, v_mlp=512,
+                 patch=16, merge=1, vocab=1024, whole_phrases=True),
 }
-TinySize = Literal["small", "medium"]
-PATCH = 16
-MERGE = 2
+TinySize = Literal["small", "medium", "base"]
 # Whole images from 64x64 up to 512x512 (a 16x16-square maze at 32 px); larger ones are scaled down.
 MIN_PIXELS = 64 * 64
 MAX_PIXELS = 512 * 512
@@ -63,6 +69,7 @@ MAX_PIXELS = 512 * 512
 def _tokenizer_corpus() -> list[str]:
     """Text the tiny model will read and write; the BPE merges are learned from it."""
     lines = [SYSTEM_PROMPT] * 64 + [SHORT_SYSTEM_PROMPT] * 64 + [FEEDBACK_OK, FEEDBACK_WALL, FEEDBACK_INVALID]
+    lines += ["system\n", "user\n", "assistant\n"] * 256  # ChatML role headers: one token each
     for turn in range(1, 65):
         for fb in (FEEDBACK_OK, FEEDBACK_WALL, FEEDBACK_INVALID, ""):
             lines.append(turn_text(fb, turn, 64))
@@ -71,12 +78,13 @@ def _tokenizer_corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 640):
+def build_tokenizer(vocab_size: int = 640, whole_phrases: bool = False):
     """A byte-level BPE tokenizer (any text encodes) trained on our prompt texts."""
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # whole_phrases: merges may cross spaces, so fixed phrases (feedback, turn counter) become a few tokens
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not whole_phrases)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -102,10 +110,10 @@ def build_tokenizer(vocab_size: int = 640):
     return fast
 
 
-def build_processor(tokenizer):
+def build_processor(tokenizer, patch: int = 16, merge: int = 2):
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
-    common = dict(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    common = dict(patch_size=patch, merge_size=merge, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
     image_processor = Qwen2VLImageProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}, **common)
     video_processor = Qwen3VLVideoProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}, **common)
     return Qwen3VLProcessor(
@@ -140,8 +148,8 @@ def build_config(tokenizer, size: TinySize = "small"):
             hidden_size=s["v_hidden"],
             intermediate_size=s["v_mlp"],
             num_heads=s["v_heads"],
-            patch_size=PATCH,
-            spatial_merge_size=MERGE,
+            patch_size=s["patch"],
+            spatial_merge_size=s["merge"],
             temporal_patch_size=2,
             out_hidden_size=s["hidden"],
             num_position_embeddings=1024,  # a 32x32 grid of learned positions, interpolated per image
@@ -159,8 +167,11 @@ def init_tiny(out: str | Path, size: TinySize = "small", seed: int = 0, overwrit
     """Write a randomly initialised tiny Qwen3-VL model directory to `out`."""
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
-    tokenizer = build_tokenizer()
-    processor = build_processor(tokenizer)
+    if size not in SIZES:
+        raise ValueError(f"unknown tiny model size {size!r}: allowed {', '.join(SIZES)}")
+    spec = SIZES[size]
+    tokenizer = build_tokenizer(spec["vocab"], whole_phrases=spec["whole_phrases"])
+    processor = build_processor(tokenizer, spec["patch"], spec["merge"])
     config = build_config(tokenizer, size)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config)

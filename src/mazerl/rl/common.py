@@ -12,9 +12,10 @@ import torch
 from ..envs.maze_env import EnvConfig
 from ..mazes.dataset_io import read_split
 from ..policy.chat import ChatFormat
+from ..policy.grammar import ActionGrammar
 from ..policy.loading import Policy, load_policy
 from ..policy.prompts import PROMPTS
-from ..rollout.engine import HFEngine, SamplingParams
+from ..rollout.engine import HFEngine
 from ..rollout.multiturn import items_from_split, rollout
 from .config import LoraSettings, PolicyConfig
 
@@ -47,6 +48,7 @@ class TrainablePolicy:
     policy: Policy
     chat: ChatFormat
     engine: HFEngine
+    reply_choices: tuple[int, ...] | None = None  # the action grammar's word ids (None: free replies)
 
 
 def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None) -> TrainablePolicy:
@@ -60,7 +62,8 @@ def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None) -> Trainabl
         )
     policy.model.train()
     chat = ChatFormat(policy.processor, system_prompt=PROMPTS[cfg.prompt])
-    return TrainablePolicy(policy, chat, HFEngine.from_chat(policy.model, chat, max_batch=cfg.max_batch))
+    choices = ActionGrammar.from_chat(chat).word_ids if cfg.reply_grammar == "action" else None
+    return TrainablePolicy(policy, chat, HFEngine.from_chat(policy.model, chat, max_batch=cfg.max_batch), choices)
 
 
 def save_model_dir(model, processor, target, view: PolicyConfig | None = None) -> None:
@@ -87,7 +90,7 @@ def greedy_success(tp: TrainablePolicy, cfg: PolicyConfig, split_path: str, n_ma
     t0 = time.perf_counter()
     trajs = rollout(
         tp.engine, tp.chat, items, group_size=1,
-        sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens),
+        sampling=cfg.sampling(temperature=0.0),
         env_config=env, history=cfg.history,
     )
     n = len(trajs)

@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..envs.maze_env import EnvConfig
+from ..rollout.engine import SamplingParams
 from ..rollout.multiturn import HistoryConfig
 
 
@@ -23,26 +24,53 @@ class PolicyConfig(BaseModel):
     render_scale: float = Field(1.0, gt=0.0, le=8.0, description="draw mazes at square_px x this (tiny model: 1.28 -> 32 px)")
     max_new_tokens: int = Field(16, ge=1, le=32768, description="per turn (reference run: 1024)")
     max_batch: int = Field(64, ge=1, description="sequences per generate call")
+    reply_grammar: Literal["free", "action"] = Field(
+        "free", description="'action': every reply is exactly <action>WORD</action> (decoding constrained, same in training)")
 
     VIEW_FILE: ClassVar[str] = "mazerl_policy.json"
-    VIEW_FIELDS: ClassVar[tuple[str, ...]] = ("history", "render_scale", "max_new_tokens", "prompt")
+    VIEW_FIELDS: ClassVar[tuple[str, ...]] = ("history", "render_scale", "max_new_tokens", "prompt", "reply_grammar")
+
+    def sampling(self, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0) -> SamplingParams:
+        """How this policy generates (0 = greedy): the one place sampling settings are assembled."""
+        if self.reply_grammar == "action" and top_p < 1.0:
+            raise ValueError("top_p < 1 is not supported with reply_grammar 'action' (five choices: use temperature)")
+        return SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=self.max_new_tokens, seed=seed,
+                              grammar=self.reply_grammar)
 
     def view(self) -> dict:
         """How this policy sees mazes; saved beside trained weights so evaluation uses the same view."""
         return self.model_dump(mode="json", include=set(self.VIEW_FIELDS))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _saved_view(cls, data):
+        """A model directory carries the view it was trained with (mazerl_policy.json): settings not
+        given explicitly come from it, so `model: tiny-base` alone is a complete policy config."""
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            import json
+            from pathlib import Path
+
+            from ..policy.loading import resolve_model_name
+
+            data = dict(data)
+            data["model"] = resolve_model_name(data["model"])
+            view = Path(data["model"]) / cls.VIEW_FILE
+            if view.is_file():
+                try:
+                    saved = json.loads(view.read_text(encoding="utf-8"))
+                except (ValueError, UnicodeDecodeError) as err:
+                    raise ValueError(f"{view} is not valid JSON ({err})") from None
+                if not isinstance(saved, dict):
+                    raise ValueError(f"{view} must hold a JSON object of view settings")
+                for key in cls.VIEW_FIELDS:
+                    if key not in data and key in saved:
+                        data[key] = saved[key]
+        return data
+
     @classmethod
     def for_model(cls, model: str, **overrides) -> "PolicyConfig":
         """Settings for a model directory: its saved view (if any), then `overrides` (None = keep)."""
-        import json
-        from pathlib import Path
-
-        data: dict = {"model": model}
-        view = Path(model) / cls.VIEW_FILE
-        if view.exists():
-            data.update(json.loads(view.read_text()))
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
+        return cls.model_validate({"model": model, **{k: v for k, v in overrides.items() if v is not None}})
 
 
 class OptimConfig(BaseModel):
@@ -82,6 +110,10 @@ class GRPOConfig(BaseModel):
     group_size: int = Field(8, ge=2, description="samples per maze (G)")
     mini_batch_mazes: int | None = Field(None, ge=1, description="mazes per optimizer step (None: all)")
     micro_batch: int = Field(16, ge=1, description="sequences per forward/backward")
+    update_turns_per_episode: int | None = Field(
+        None, ge=1, description="train on at most this many of each episode's training sequences, drawn at random "
+        "(seeded): every turn of an episode shares its advantage, so a sample keeps the gradient unbiased at a fraction "
+        "of the update's cost (None: all)")
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     clip_low: float = Field(0.2, ge=0.0)
@@ -89,12 +121,19 @@ class GRPOConfig(BaseModel):
     kl_coef: float = Field(0.0, ge=0.0, description="k3 KL to the initial policy (reference run: 0.005)")
     loss_aggregation: Literal["token-mean", "seq-mean"] = "token-mean"
     scale_advantages_by_std: bool = True
+    turn_advantage_weight: float = Field(
+        0.0, ge=0.0, description="add this x the turn-level advantage of the state a move was made from (GiGPO's "
+        "anchor-state groups: same square, same last move and feedback, within a maze's group); 0: episode-level only")
+    turn_gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of the return-to-go behind turn-level advantages")
     filter_zero_variance_groups: bool = True
     optim: OptimConfig = OptimConfig()
     lora: LoraSettings | None = None
+    freeze_vision: bool = Field(False, description="keep the vision tower fixed: RL adjusts decisions, not perception")
     env: EnvConfig = EnvConfig()
     max_turns: int | None = Field(None, ge=1, description="override the split's per-maze turn budget in training")
     eval_every: int = Field(10, ge=0, description="steps between greedy evaluations (0: never)")
+    eval_every_minutes: float | None = Field(
+        None, gt=0.0, description="also evaluate each time this much training time has passed (evaluation time not counted)")
     eval_mazes: int = Field(64, ge=1)
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(3, ge=1)

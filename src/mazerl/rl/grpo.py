@@ -97,3 +97,42 @@ def grpo_loss(
             pg_loss=float(pg.mean()) if logp.numel() else 0.0,
         )
     return loss, stats
+
+
+def turn_returns(rewards: list[float], gamma: float) -> list[float]:
+    """Discounted return-to-go of every turn: G_t = r_t + gamma * G_{t+1}."""
+    out = [0.0] * len(rewards)
+    acc = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        acc = rewards[t] + gamma * acc
+        out[t] = acc
+    return out
+
+
+def state_group_advantages(groups: list[int], keys: list[list[object]], rewards: list[list[float]], gamma: float,
+                           eps: float = 1e-6) -> list[list[float]]:
+    """Turn-level advantages from anchor states (GiGPO, Feng et al. 2025): within one maze's group of
+    episodes, the turns taken from the same state (same key) form a group of their own, and each
+    turn's return-to-go is normalised against that group: (G - mean) / (std + eps). A state seen
+    once, or whose turns all returned the same, gets 0. This credits the move made at a state,
+    where the episode-level advantage credits every move of an episode alike.
+
+    groups[i]: episode i's maze group; keys[i][t], rewards[i][t]: its turn t's state key and reward.
+    """
+    returns = [turn_returns(r, gamma) for r in rewards]
+    buckets: dict[tuple[int, object], list[tuple[int, int]]] = {}
+    for i, (g, ks) in enumerate(zip(groups, keys)):
+        for t, k in enumerate(ks):
+            buckets.setdefault((g, k), []).append((i, t))
+    adv = [[0.0] * len(r) for r in rewards]
+    for members in buckets.values():
+        if len(members) < 2:
+            continue
+        vals = torch.tensor([returns[i][t] for i, t in members], dtype=torch.float64)
+        std = vals.std(unbiased=False)
+        if std < 1e-12:
+            continue
+        normed = (vals - vals.mean()) / (std + eps)
+        for (i, t), a in zip(members, normed.tolist()):
+            adv[i][t] = a
+    return adv

@@ -29,10 +29,12 @@ def _backbone_and_head(model):
 
 
 def token_logprobs(model, chat: ChatFormat, samples: list[PackedSample], with_entropy: bool = True,
-                   temperature: float = 1.0) -> TokenLogprobs:
+                   temperature: float = 1.0, allowed_ids: list[int] | tuple[int, ...] | None = None) -> TokenLogprobs:
     """Run the model on `samples` (right-padded into one batch) and score their loss tokens.
 
-    `temperature` must be the one the tokens were sampled at, so that on-policy ratios are 1."""
+    `temperature` must be the one the tokens were sampled at, so that on-policy ratios are 1.
+    `allowed_ids`: the tokens the sampler could choose from at every loss position (the action
+    grammar's words); the distribution is renormalised over them, exactly as sampled."""
     device = next(model.parameters()).device
     width = max(len(s.ids) for s in samples)
     n = len(samples)
@@ -59,8 +61,14 @@ def token_logprobs(model, chat: ChatFormat, samples: list[PackedSample], with_en
     rows, cols = loss_mask.nonzero(as_tuple=True)  # token at `cols` is predicted from position cols-1
     logits = head(hidden[rows.to(device), (cols - 1).to(device)]).float() / temperature
     logits[:, chat.banned_reply_ids] = float("-inf")  # the sampler never draws them either
+    if allowed_ids is not None:
+        keep = torch.full_like(logits, float("-inf"))
+        keep[:, list(allowed_ids)] = 0.0
+        logits = logits + keep
     logp_all = torch.log_softmax(logits, dim=-1)
     targets = ids[rows, cols].to(device)
+    if allowed_ids is not None and not torch.isin(targets, torch.tensor(list(allowed_ids), device=device)).all():
+        raise ValueError("a loss token lies outside the reply grammar's choices: samples and grammar disagree")
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if with_entropy:
         with torch.no_grad():

@@ -45,12 +45,25 @@ class MetricsWriter:
             self._tb.close()
 
 
+class MetricsFileError(ValueError):
+    """A metrics file damaged somewhere other than its last line."""
+
+
 def read_metrics(path: str | Path) -> list[dict]:
-    """Every complete record; a torn last line (crash mid-write) is ignored."""
+    """Every record. Only a torn last line (a crash mid-write) is tolerated and dropped; damage
+    anywhere else is an error, since silently skipping records would misreport the run."""
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
             continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue
+            raise MetricsFileError(f"{path}: line {number} is not a JSON record (only a torn last line is tolerated)") from None
+        if not isinstance(record, dict):
+            raise MetricsFileError(f"{path}: line {number} is not a JSON object")
+        out.append(record)
     return out

@@ -37,7 +37,8 @@ def teacher_batch(tp, cfg: SFTConfig, df, rows: list[int], step: int):
             return as_reply(random_action(env, rng)), False
         return as_reply(oracle_action(env)), True
 
-    trajs = rollout(None, tp.chat, items, teacher=teacher, env_config=cfg.env, history=cfg.policy.history)
+    trajs = rollout(None, tp.chat, items, teacher=teacher, env_config=cfg.env, history=cfg.policy.history,
+                    sampling=cfg.policy.sampling())
     batch = []
     for tr in trajs:
         learned = [s for s in tr.samples() if s.n_loss_tokens]
@@ -63,7 +64,7 @@ def train_sft(cfg: SFTConfig, on_step=None) -> dict:
             t0 = time.perf_counter()
             batch = teacher_batch(tp, cfg, df, sampler.next(cfg.batch_size), step)
             t1 = time.perf_counter()
-            tl = token_logprobs(model, tp.chat, batch)
+            tl = token_logprobs(model, tp.chat, batch, allowed_ids=tp.reply_choices)
             loss = -tl.logprobs.mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

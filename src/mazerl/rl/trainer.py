@@ -24,14 +24,14 @@ import psutil
 import torch
 
 from ..mazes.dataset_io import read_split
+from ..mazes.layout import MOVE_NAMES
 from ..mazes.seeding import derive_seed
-from ..rollout.engine import SamplingParams
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state
 from .common import greedy_success, open_policy, rng_state, save_model_dir, seed_everything, set_rng_state
 from .config import GRPOConfig
 from .data import MazeSampler
-from .grpo import grpo_loss, group_advantages
+from .grpo import group_advantages, grpo_loss, state_group_advantages
 from .logprobs import token_logprobs
 from .metrics import MetricsWriter
 from .optim import make_optimizer
@@ -56,6 +56,18 @@ def episode_metrics(trajs: list[Trajectory]) -> dict:
     }
 
 
+def turn_state_keys(traj: Trajectory) -> list[tuple]:
+    """Per turn, what the policy saw, up to the turn counter: the square it stood on, its previous
+    move and whether that move hit a wall (the feedback). Turns with equal keys are one anchor state."""
+    path, actions = traj.stats.path, traj.stats.actions
+    keys = []
+    for t in range(len(traj.rewards)):
+        prev = actions[t - 1] if t > 0 else None
+        bumped = t > 0 and prev in MOVE_NAMES and path[t] == path[t - 1]
+        keys.append((tuple(path[t]), prev, bumped))
+    return keys
+
+
 class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, on_step=None):
         self.cfg = cfg
@@ -64,6 +76,12 @@ class GRPOTrainer:
         seed_everything(cfg.seed)
         self.tp = open_policy(cfg.policy, cfg.lora)
         self.model = self.tp.policy.model
+        if cfg.freeze_vision:
+            frozen = [p for name, p in self.model.named_parameters() if ".visual." in f".{name}"]
+            if not frozen:
+                raise ValueError("freeze_vision: this model has no vision tower parameters (no '.visual.' in their names)")
+            for p in frozen:
+                p.requires_grad_(False)
         self.chat = self.tp.chat
         self.train_df = read_split(cfg.train_data)
         self.sampler = MazeSampler(len(self.train_df), cfg.seed)
@@ -117,29 +135,58 @@ class GRPOTrainer:
         cfg = self.cfg
         rows = self.sampler.next(cfg.mazes_per_step)
         items = items_from_split(self.train_df, rows, cfg.policy.render_scale, cfg.max_turns)
-        sampling = SamplingParams(
-            temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.policy.max_new_tokens,
-            seed=derive_seed(cfg.seed, "rollout", self.step + 1),
-        )
+        sampling = cfg.policy.sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+                                       seed=derive_seed(cfg.seed, "rollout", self.step + 1))
         return rollout(self.tp.engine, self.chat, items, group_size=cfg.group_size, sampling=sampling,
                        env_config=cfg.env, history=cfg.policy.history)
+
+    def _update_samples(self, traj: Trajectory, index: int):
+        """The episode's training sequences with loss tokens; a seeded random subset of at most
+        `update_turns_per_episode` of them when that is set."""
+        samples = [s for s in traj.samples() if s.n_loss_tokens]
+        k = self.cfg.update_turns_per_episode
+        if k is None or len(samples) <= k:
+            return samples
+        import random
+
+        rng = random.Random(derive_seed(self.cfg.seed, "update-turns", self.step, index))
+        return [samples[j] for j in sorted(rng.sample(range(len(samples)), k))]
+
+    def turn_advantages(self, trajs: list[Trajectory], episode_adv: torch.Tensor) -> list[list[float]]:
+        """Per episode, per turn: the episode's advantage plus, when turn_advantage_weight > 0, the
+        weighted advantage of the move among the group's moves from the same state."""
+        cfg = self.cfg
+        out = [[float(episode_adv[i])] * len(t.rewards) for i, t in enumerate(trajs)]
+        if cfg.turn_advantage_weight <= 0:
+            return out
+        step = state_group_advantages([t.group for t in trajs], [turn_state_keys(t) for t in trajs],
+                                      [list(t.rewards) for t in trajs], cfg.turn_gamma)
+        return [[a + cfg.turn_advantage_weight * s for a, s in zip(row, srow)] for row, srow in zip(out, step)]
 
     def update(self, trajs: list[Trajectory]) -> dict:
         cfg = self.cfg
         rewards = torch.tensor([t.reward for t in trajs])
         groups = torch.tensor([t.group for t in trajs])
         adv, zero_var = group_advantages(rewards, groups, cfg.scale_advantages_by_std)
-        keep = [i for i in range(len(trajs)) if not (cfg.filter_zero_variance_groups and zero_var[i])]
-        stats = {"filtered_groups": int(len(torch.unique(groups[zero_var]))) if cfg.filter_zero_variance_groups else 0,
+        per_turn = self.turn_advantages(trajs, adv)
+        # an episode carries no signal when every one of its turns has advantage 0
+        no_signal = [all(a == 0.0 for a in row) for row in per_turn] if cfg.turn_advantage_weight > 0 else zero_var.tolist()
+        keep = [i for i in range(len(trajs)) if not (cfg.filter_zero_variance_groups and no_signal[i])]
+        dropped = torch.tensor([no_signal[i] for i in range(len(trajs))], dtype=torch.bool)
+        stats = {"filtered_groups": int(len(torch.unique(groups[zero_var & dropped]))) if cfg.filter_zero_variance_groups else 0,
                  "kept_episodes": len(keep)}
         mini = cfg.mini_batch_mazes or cfg.mazes_per_step
+        choices = self.tp.reply_choices
         sums = {"entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "grad_norm": 0.0, "tokens": 0}
         n_opt = 0
         train_tokens = 0
         for first_group in range(0, cfg.mazes_per_step, mini):
             members = [i for i in keep if first_group <= trajs[i].group < first_group + mini]
-            batch = [(s, i) for i in members for s in trajs[i].samples() if s.n_loss_tokens]
+            batch = [(s, i) for i in members for s in self._update_samples(trajs[i], i)]
             if not batch:
+                # Every group of this mini-batch had no signal: no update, but the schedule advances
+                # as if there were one, so the learning rate never depends on how many groups were filtered.
+                self.scheduler.step()
                 continue
             n_tokens = sum(s.n_loss_tokens for s, _ in batch)
             seq_len = torch.zeros(len(trajs), dtype=torch.long)
@@ -154,14 +201,17 @@ class GRPOTrainer:
                 if cfg.kl_coef > 0:
                     with torch.no_grad():
                         if self.reference is not None:
-                            ref = token_logprobs(self.reference, self.chat, samples, False, cfg.temperature).logprobs
+                            ref = token_logprobs(self.reference, self.chat, samples, False, cfg.temperature, choices).logprobs
                         else:
                             with self.model.disable_adapter():
-                                ref = token_logprobs(self.model, self.chat, samples, False, cfg.temperature).logprobs
-                tl = token_logprobs(self.model, self.chat, samples, temperature=cfg.temperature)
+                                ref = token_logprobs(self.model, self.chat, samples, False, cfg.temperature, choices).logprobs
+                tl = token_logprobs(self.model, self.chat, samples, temperature=cfg.temperature, allowed_ids=choices)
                 seq = traj_of_row[tl.sample_index.cpu()]
+                # loss tokens come row by row, left to right: the same order as this walk over the masks
+                token_adv = torch.tensor([per_turn[i][s.token_turns[c] - 1] for s, i in micro
+                                          for c, m in enumerate(s.loss_mask) if m], dtype=torch.float32)
                 loss, ls = grpo_loss(
-                    tl.logprobs, tl.old_logprobs, adv[seq].to(tl.logprobs.device), seq,
+                    tl.logprobs, tl.old_logprobs, token_adv.to(tl.logprobs.device), seq,
                     clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
                     aggregation=cfg.loss_aggregation, token_normaliser=float(n_tokens),
                     seq_normaliser=float(len(members)), seq_lengths=seq_len,
@@ -196,8 +246,9 @@ class GRPOTrainer:
         proc = psutil.Process()
         record: dict = {}
         eval_seconds = 0.0  # periodic evaluation does not count against max_minutes
+        evals_by_time = 0
         try:
-            if resumed is None and cfg.eval_every and cfg.eval_data:
+            if resumed is None and (cfg.eval_every or cfg.eval_every_minutes) and cfg.eval_data:
                 metrics.write({"step": 0, **greedy_success(self.tp, cfg.policy, cfg.eval_data, cfg.eval_mazes, cfg.env)})
             started = time.perf_counter()
             while self.step < cfg.steps:
@@ -212,9 +263,13 @@ class GRPOTrainer:
                           "time/rollout": t1 - t0, "time/update": t2 - t1,
                           "rollout_tokens_per_s": context_tokens / max(t1 - t0, 1e-9),
                           "train_tokens_per_s": upd["train_tokens"] / max(t2 - t1, 1e-9)}
-                if cfg.eval_every and cfg.eval_data and self.step % cfg.eval_every == 0:
+                trained_s = time.perf_counter() - started - eval_seconds
+                due_by_time = cfg.eval_every_minutes is not None and trained_s >= (evals_by_time + 1) * cfg.eval_every_minutes * 60
+                if cfg.eval_data and ((cfg.eval_every and self.step % cfg.eval_every == 0) or due_by_time):
                     record.update(greedy_success(self.tp, cfg.policy, cfg.eval_data, cfg.eval_mazes, cfg.env))
+                    record["eval/training_minutes"] = trained_s / 60
                     eval_seconds += record["eval/seconds"]
+                    evals_by_time += int(due_by_time)
                 record["time/training_total"] = time.perf_counter() - started - eval_seconds
                 out_of_time = cfg.max_minutes is not None and record["time/training_total"] > cfg.max_minutes * 60
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or out_of_time:

@@ -8,13 +8,14 @@ and returns the exact sampled ids with their log-probabilities under the samplin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..mazes.seeding import derive_seed
+from ..policy.grammar import ActionGrammar, GrammarError
 
 
 class SamplingParams(BaseModel):
@@ -24,6 +25,8 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(16, ge=1, le=32768)
     seed: int = Field(0, ge=0)
+    grammar: Literal["free", "action"] = Field(
+        "free", description="'action': replies are exactly <action>WORD</action> (policy.grammar)")
 
     @property
     def greedy(self) -> bool:
@@ -34,6 +37,7 @@ class SamplingParams(BaseModel):
 class GenerationRequest:
     ids: list[int]
     images: list[np.ndarray]
+    seed: int | None = None  # this request's own sampling seed (None: derived from its place in the call)
 
 
 @dataclass
@@ -41,6 +45,7 @@ class GenerationOutput:
     ids: list[int]  # sampled tokens, ending with the end-of-turn token when the model emitted it
     logprobs: list[float]  # log p(token) under softmax(logits / temperature) (temperature 1 when greedy)
     finished: bool  # True when the model ended its turn itself (not cut by max_new_tokens)
+    forced: list[bool] | None = None  # per token: fixed by the reply grammar, not sampled (None: all sampled)
 
 
 class InferenceEngine(Protocol):
@@ -66,8 +71,9 @@ class HFEngine:
     """transformers `generate` with a KV cache, batched with left padding."""
 
     def __init__(self, model, image_processor, end_of_turn_id: int, pad_id: int, image_token_id: int,
-                 banned_ids: list[int], max_batch: int = 64):
+                 banned_ids: list[int], max_batch: int = 64, grammar: ActionGrammar | None = None):
         self.model = model
+        self.grammar = grammar  # needed for SamplingParams(grammar="action")
         self.image_processor = image_processor
         self.end_id = end_of_turn_id
         self.pad_id = pad_id
@@ -77,7 +83,12 @@ class HFEngine:
 
     @classmethod
     def from_chat(cls, model, chat, max_batch: int = 64) -> "HFEngine":
-        return cls(model, chat.image_processor, chat.im_end, chat.pad_id, chat.image_pad, chat.banned_reply_ids, max_batch)
+        try:
+            grammar = ActionGrammar.from_chat(chat)
+        except GrammarError:
+            grammar = None  # free-form replies only; asking for the grammar then fails clearly
+        return cls(model, chat.image_processor, chat.im_end, chat.pad_id, chat.image_pad, chat.banned_reply_ids, max_batch,
+                   grammar)
 
     def sync_weights(self) -> None:
         pass  # shares the trainer's module
@@ -87,12 +98,65 @@ class HFEngine:
         # Similar lengths together: less padding. Results go back in request order.
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].ids))
         results: list[GenerationOutput | None] = [None] * len(requests)
+        if params.grammar == "action" and self.grammar is None:
+            raise GrammarError("this model's tokenizer cannot express the action grammar: use reply_grammar 'free'")
         for start in range(0, len(order), self.max_batch):
             chunk = order[start : start + self.max_batch]
-            outs = self._generate_batch([requests[i] for i in chunk], params, derive_seed(params.seed, call_id, start))
+            if params.grammar == "action":
+                seeds = [requests[i].seed if requests[i].seed is not None else derive_seed(params.seed, call_id, "request", i)
+                         for i in chunk]
+                outs = self._choose_actions([requests[i] for i in chunk], params, seeds)
+            else:
+                outs = self._generate_batch([requests[i] for i in chunk], params, derive_seed(params.seed, call_id, start))
             for i, out in zip(chunk, outs):
                 results[i] = out
         return results  # type: ignore[return-value]
+
+    def _model_inputs(self, id_lists: list[list[int]], images: list[np.ndarray]) -> dict[str, torch.Tensor]:
+        """Left-padded batch with its vision inputs, on the model's device."""
+        device = next(self.model.parameters()).device
+        width = max(len(ids) for ids in id_lists)
+        ids = torch.full((len(id_lists), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(id_lists), width), dtype=torch.long)
+        for row, r in enumerate(id_lists):
+            ids[row, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[row, width - len(r) :] = 1
+        inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == self.image_token_id).long(),
+                  **vision_inputs(self.image_processor, images)}
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+        return inputs
+
+    def _choose_actions(self, requests: list[GenerationRequest], params: SamplingParams, seeds: list[int]) -> list[GenerationOutput]:
+        """The action grammar: one forward pass over prompt + prefix, then a choice among the action words.
+
+        Each request samples from its own generator (its seed), so its action does not depend on
+        which other requests share the batch."""
+        g = self.grammar
+        assert g is not None
+        inputs = self._model_inputs([r.ids + list(g.prefix) for r in requests], [img for r in requests for img in r.images])
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits = self.model(**inputs, logits_to_keep=1).logits[:, -1]
+        finally:
+            self.model.train(was_training)
+        logits = logits[:, list(g.word_ids)].float().cpu()
+        temp = 1.0 if params.greedy else params.temperature
+        logprobs = torch.log_softmax(logits / temp, dim=-1)
+        outs = []
+        for row, seed in enumerate(seeds):
+            if params.greedy:
+                k = int(logits[row].argmax())
+            else:
+                gen = torch.Generator().manual_seed(seed)
+                k = int(torch.multinomial(logprobs[row].exp(), 1, generator=gen))
+            ids = g.reply(k)
+            forced = g.forced()
+            lps = [0.0 if f else float(logprobs[row, k]) for f in forced]
+            outs.append(GenerationOutput(ids=ids, logprobs=lps, finished=True, forced=forced))
+        return outs
 
     def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams, seed: int) -> list[GenerationOutput]:
         device = next(self.model.parameters()).device

@@ -14,7 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..envs.maze_env import EnvConfig, MazeEnv, MazeTask
 from ..envs.stats import EpisodeStats
+from ..envs.actions import parse_action
+from ..mazes.seeding import derive_seed
 from ..policy.chat import ChatFormat, Conversation, PackedSample
+from ..policy.grammar import ActionGrammar
 from ..policy.prompts import turn_text
 from .engine import GenerationOutput, GenerationRequest, InferenceEngine, SamplingParams
 
@@ -105,16 +108,17 @@ def rollout(
             outputs = []
             for k, i in enumerate(active):
                 text, learn[k] = teacher(envs[i])
-                ids = chat.text(text) + [chat.im_end]
-                outputs.append(GenerationOutput(ids=ids, logprobs=[0.0] * len(ids), finished=True))
+                outputs.append(_teacher_output(chat, text, sampling))
         else:
             assert engine is not None
-            requests = [GenerationRequest(c.ids, c.images) for c in contexts]
+            # each episode's turn has its own seed: its sample never depends on what shares the batch
+            requests = [GenerationRequest(c.ids, c.images, derive_seed(sampling.seed, call_offset + turn, i))
+                        for c, i in zip(contexts, active)]
             outputs = engine.generate(requests, sampling, call_id=call_offset + turn)
         still = []
         for i, ctx, out, lrn in zip(active, contexts, outputs, learn):
             tr = trajs[i]
-            tr.conversation.record_turn(ctx, chat.reply(turn, out.ids, out.logprobs, learn=lrn))
+            tr.conversation.record_turn(ctx, chat.reply(turn, out.ids, out.logprobs, learn=lrn, forced=out.forced))
             text = chat.decode_reply(out.ids)
             tr.replies.append(text)
             tr.truncated_replies += int(not out.finished)
@@ -131,6 +135,19 @@ def rollout(
     for tr, env in zip(trajs, envs):
         tr.stats = env.stats
     return trajs
+
+
+def _teacher_output(chat: ChatFormat, text: str, sampling: SamplingParams) -> GenerationOutput:
+    """A teacher's reply in token space; under the action grammar, shaped (and masked) as the sampler's."""
+    if sampling.grammar == "action":
+        action = parse_action(text)
+        if action is None:
+            raise ValueError(f"teacher reply {text!r} names no action, which the action grammar cannot express")
+        grammar = ActionGrammar.from_chat(chat)
+        ids = grammar.reply(grammar.word_index(action))
+        return GenerationOutput(ids=ids, logprobs=[0.0] * len(ids), finished=True, forced=grammar.forced())
+    ids = chat.text(text) + [chat.im_end]
+    return GenerationOutput(ids=ids, logprobs=[0.0] * len(ids), finished=True)
 
 
 def items_from_split(df, rows, render_scale: float = 1.0, max_turns: int | None = None) -> list[RolloutItem]:

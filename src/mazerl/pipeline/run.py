@@ -10,11 +10,11 @@ from pathlib import Path
 
 from kfp import compiler, local
 
-from mazerl.pipeline_spec import check_parameters
-from mazerl.profiles import Profile
-from mazerl.task_logs import split_task_logs, tee_stdout
+from ..pipeline_spec import check_parameters
+from ..profiles import Profile
+from ..task_logs import console_line, split_task_logs, tee_stdout
 
-from .maze_pipeline import build_pipeline
+from .dag import build_pipeline
 
 # `--config smoke`: the whole DAG in a few minutes (tests); `default`: the profile's values.
 RUN_CONFIGS = {
@@ -60,12 +60,14 @@ class LocalRun:
     error: RuntimeError | None = None
 
 
-def run_local_logged(profile: Profile, root: Path, arguments: dict) -> LocalRun:
-    """`run_local` with its output teed to a log, then cut into one log per task beside its outputs."""
+def run_local_logged(profile: Profile, root: Path, arguments: dict, verbose: bool = False) -> LocalRun:
+    """`run_local` with its output teed to a log, then cut into one log per task beside its outputs.
+
+    The console shows task starts/ends and the tasks' progress lines (all output with `verbose`)."""
     runs = root / "runs"
     before = set(runs.glob("mazerl-*"))
     result = LocalRun(None, root / "logs" / f"pipeline-{os.getpid()}-{int(time.time())}.log")
-    with tee_stdout(result.log):
+    with tee_stdout(result.log, show=None if verbose else console_line):
         try:
             run_local(profile, runs, arguments)
         except RuntimeError as err:

@@ -2,7 +2,7 @@ from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
 
 
 def evaluate(model: str, mazes: Input[Dataset], heldout_mazes: int, other_mazes: int, reference_mazes: int, training_log: str,
-             results: Output[Dataset], metrics: Output[Metrics], report: Output[HTML], report_md: Output[Markdown]) -> float:
+             label: str, results: Output[Dataset], metrics: Output[Metrics], report: Output[HTML], report_md: Output[Markdown]) -> float:
     """Greedy evaluation on every frozen split.
 
     Args:
@@ -12,6 +12,7 @@ def evaluate(model: str, mazes: Input[Dataset], heldout_mazes: int, other_mazes:
         other_mazes: how many mazes of every other generated split.
         reference_mazes: how many of each VisGym reference split (0 = all of its fixed mazes).
         training_log: metrics.jsonl of the training run, for the curve ('' = none).
+        label: what is evaluated (baseline | trained), for progress lines.
         results: episodes.parquet, summary.json, reports.
         metrics: success per split.
         report: the HTML report.
@@ -24,7 +25,8 @@ def evaluate(model: str, mazes: Input[Dataset], heldout_mazes: int, other_mazes:
 
     from mazerl.workflow import evaluate as run
 
-    summary = run(model, mazes.path, results.path, heldout_mazes, other_mazes, training_log or None, reference_mazes)
+    summary = run(model, mazes.path, results.path, heldout_mazes, other_mazes, training_log or None, reference_mazes,
+                  label=f"evaluate-{label}")
     for split, entry in summary["splits"].items():
         metrics.log_metric(f"success/{split}", entry["greedy"]["success"])
         metrics.log_metric(f"loop_rate/{split}", entry["greedy"]["loop_rate"])

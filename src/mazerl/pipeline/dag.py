@@ -1,5 +1,5 @@
 """The mazerl DAG:
-    draw_train_seed -> generate_mazes -> resolve_model -> warm_start -> [evaluate (baseline)]
+    draw_train_seed -> generate_mazes -> resolve_model -> warm_start (off for tiny-base) -> [evaluate (baseline)]
                                                   -> train_grpo -> [evaluate (trained)]
                    -> compare -> If(improved == 1) -> promote
     inside an ExitHandler whose cleanup deletes launched resources (nothing locally).
@@ -11,8 +11,8 @@ Steps that can hit transient faults (storage, cluster) retry. The branch is on a
 
 from kfp import dsl
 
-import components
-from mazerl.profiles import Profile
+from ..profiles import Profile
+from . import components
 
 
 def build_pipeline(profile: Profile):
@@ -23,7 +23,7 @@ def build_pipeline(profile: Profile):
     def mazerl_pipeline(
         model: str = defaults.model,
         dataset_preset: str = defaults.dataset_preset,
-        reference: str = "",
+        reference: str = "visgym",
         train_seed: int = -1,
         warm_start: bool = defaults.warm_start,
         sft_config: str = defaults.sft_config or "",
@@ -47,13 +47,14 @@ def build_pipeline(profile: Profile):
                                   steps=sft_steps)
             warm.set_caching_options(False)
             baseline = comps["evaluate"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
-                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="").set_caching_options(False)
+                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="", label="baseline").set_caching_options(False)
             baseline.set_display_name("evaluate-baseline")
             train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps,
                                         backend=profile.backend)
             train.set_caching_options(False).set_retry(1)
             trained = comps["evaluate"](model=train.outputs["model"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
-                                        other_mazes=other_mazes, reference_mazes=reference_mazes, training_log=train.outputs["training_log"]).set_caching_options(False)
+                                        other_mazes=other_mazes, reference_mazes=reference_mazes, training_log=train.outputs["training_log"],
+                                        label="trained").set_caching_options(False)
             trained.set_display_name("evaluate-trained")
             decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
                                         min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)

@@ -20,7 +20,7 @@ def generate_mazes(preset: str, reference: str, train_seed: int, registry_root: 
 
     Args:
         preset: dataset preset (default | smoke).
-        reference: path of a VisGym-format fixture for the reference splits ('' = none).
+        reference: VisGym reference splits: 'visgym' (the shipped 64 easy + 64 hard mazes), 'none', or a recording's path.
         train_seed: seed of the training pool (a fresh one per scheduled run).
         registry_root: promotion registry root; its eval_splits_hash must match ('' = none).
         mazes: output directory: one parquet per split + manifest.json.

@@ -1,1 +1,0 @@
-"""The mazerl DAG and its compile / local-run entry points."""
