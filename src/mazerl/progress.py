@@ -42,6 +42,7 @@ class Progress:
         self.deadline_s = deadline_s
         self._print = printer
         self._done = 0
+        self._fraction: float | None = None
         self._figures: dict = {}
         self._started = time.monotonic()
         self._last_line = 0.0
@@ -60,16 +61,19 @@ class Progress:
         if exc[0] is None:
             self._emit(final=True)
 
-    def update(self, done: int, **figures) -> None:
+    def update(self, done: int, progress: float | None = None, **figures) -> None:
+        """`done` units so far; `progress` (0-1), when given, is the share of the work done, for the
+        ETA (e.g. evaluation: mazes still playing count by the turns they have used)."""
         with self._lock:
             self._done = done
+            self._fraction = progress
             self._figures.update(figures)
         if time.monotonic() - self._last_line >= self.interval:
             self._emit()
 
     def line(self, final: bool = False) -> str:
         with self._lock:
-            done, figures = self._done, dict(self._figures)
+            done, figures, fraction = self._done, dict(self._figures), self._fraction
         elapsed = time.monotonic() - self._started
         count = f"{self.unit} {done}/{self.total}" if self.total else f"{self.unit} {done}"
         parts = [PREFIX, self.task, count.strip()]
@@ -77,6 +81,8 @@ class Progress:
         parts.append(f"{_clock(elapsed)} elapsed")
         if final:
             parts.append("done")
+        elif fraction is not None and fraction > 0:
+            parts.append(f"ETA {_clock(elapsed / fraction * (1 - fraction))}")
         elif self.total and done > 0:
             eta = elapsed / done * (self.total - done)
             if self.deadline_s is not None:

@@ -56,7 +56,13 @@ def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, 
     from .mazes.splits import preset as load_preset
 
     cfg = load_preset(preset).model_copy(update={"train_seed": train_seed})
+    ref = resolve_reference(reference)
     total = sum(s.count * (1 if s.derived_from else len(s.sizes) * len(s.algorithms)) for s in cfg.splits.values())
+    if ref is not None:
+        from .mazes.visgym import load_visgym_fixture
+
+        wanted = set(cfg.reference_splits.values())
+        total += sum(ep.env_id in wanted for ep in load_visgym_fixture(ref))
     done: dict[str, int] = {}
     with Progress("generate-mazes", total, "mazes") as bar:
 
@@ -64,7 +70,7 @@ def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, 
             done[split] = n
             bar.update(sum(done.values()), split=split)
 
-        manifest = generate_dataset(cfg, out_dir, resolve_reference(reference), overwrite=True, progress=tick)
+        manifest = generate_dataset(cfg, out_dir, ref, overwrite=True, progress=tick)
     promoted = read_registry(registry_root) if registry_root else None
     if promoted and promoted.get("eval_splits_hash") not in (None, manifest["eval_splits_hash"]):
         raise MazeError(
@@ -190,8 +196,11 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
     if training_log and not Path(training_log).exists():
         raise ConfigError(f"training log not found: {training_log}")
     with Progress(label, None, "mazes") as bar:
-        summary = run_eval(cfg, progress=lambda split, done, total: (setattr(bar, "total", total), bar.update(done, split=split)),
-                           metrics_log=training_log or None)
+        def tick(split: str, done: int, total: int, share: float) -> None:
+            bar.total = total
+            bar.update(done, progress=share, split=split)
+
+        summary = run_eval(cfg, progress=tick, metrics_log=training_log or None)
     heldout = summary["splits"].get("heldout", {}).get("greedy")
     if heldout:
         print(f"{PREFIX} {label}  heldout success {heldout['success']:.3f} ({heldout['successes']}/{heldout['episodes']})", flush=True)

@@ -92,18 +92,20 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
     total_mazes = sum(len(df) for df in frames)
     mazes_before = 0
     for df in frames:
-
-        def turn_progress(turn: int, active: int, n=len(df), split=str(df.split.iloc[0])) -> None:
-            if progress:
-                progress(split, mazes_before + n - active, total_mazes)
-
         split_rows = records(df)
         view = cfg.model or PolicyConfig(model="-")
         items = items_from_split(df, range(len(df)), view.render_scale, cfg.max_turns)
+
+        def turn_progress(turn: int, active: int, n=len(df), split=str(df.split.iloc[0]), budget=max(it.max_turns for it in items)) -> None:
+            if progress:
+                # mazes still playing count by the share of their turn budget already used
+                share = (mazes_before + n - active + active * min(1.0, turn / budget)) / total_mazes
+                progress(split, mazes_before + n - active, total_mazes, share)
+
         if cfg.policy == "model":
             assert tp is not None and cfg.model is not None
             greedy = rollout(tp.engine, tp.chat, items, sampling=cfg.model.sampling(temperature=0.0),
-                             env_config=cfg.env, history=cfg.model.history)
+                             env_config=cfg.env, history=cfg.model.history, on_turn=turn_progress)
             runs = [(0, True, [t.stats for t in greedy])]
             if cfg.samples:
                 sampled = rollout(tp.engine, tp.chat, items, group_size=cfg.samples, env_config=cfg.env, history=cfg.model.history,
@@ -121,7 +123,7 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
                 episodes_played += 1
         mazes_before += len(df)
         if progress:
-            progress(str(split_rows[0]["split"]), mazes_before, total_mazes)
+            progress(str(split_rows[0]["split"]), mazes_before, total_mazes, mazes_before / total_mazes)
     seconds = time.perf_counter() - started
     episodes = pd.DataFrame(rows)
     summary = summarise(episodes)

@@ -42,6 +42,10 @@ def compile_pipeline(profile: Profile, out: str | Path) -> Path:
 
 def run_local(profile: Profile, pipeline_root: str | Path, arguments: dict) -> object:
     """Run the whole DAG as subprocesses of this Python (no Docker, no Kubernetes)."""
+    import warnings
+
+    # kfp.local says so for every cluster-only setting (display names, resources): expected here
+    warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
     return build_pipeline(profile)(**arguments)
 
