@@ -18,7 +18,7 @@ RUN pip install torch==2.14.1 torchvision==0.29.1
 WORKDIR /opt/mazerl
 COPY pyproject.toml README.md ./
 COPY src/ src/
-RUN pip install '.[kfp,aws]' \
+RUN pip install './[kfp,aws]' \
     && useradd --create-home --uid 1000 mazerl
 USER 1000
 ENTRYPOINT []

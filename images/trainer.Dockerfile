@@ -20,7 +20,7 @@ WORKDIR /opt/mazerl
 COPY --chown=1000:100 pyproject.toml README.md ./
 COPY --chown=1000:100 src/ src/
 # mazerl's own dependencies only: keep the torch that vLLM installed. Configs and models are package data.
-RUN pip install '.[aws]'
+RUN pip install './[aws]'
 
 USER 1000
 CMD ["mazerl", "--help"]

@@ -66,15 +66,16 @@ MIN_PIXELS = 64 * 64
 MAX_PIXELS = 512 * 512
 
 
-def _tokenizer_corpus() -> list[str]:
+def _tokenizer_corpus(whole_phrases: bool = False) -> list[str]:
     """Text the tiny model will read and write; the BPE merges are learned from it."""
     lines = [SYSTEM_PROMPT] * 64 + [SHORT_SYSTEM_PROMPT] * 64 + [FEEDBACK_OK, FEEDBACK_WALL, FEEDBACK_INVALID]
-    lines += ["system\n", "user\n", "assistant\n"] * 256  # ChatML role headers: one token each
     for turn in range(1, 65):
         for fb in (FEEDBACK_OK, FEEDBACK_WALL, FEEDBACK_INVALID, ""):
             lines.append(turn_text(fb, turn, 64))
     for a in ACTIONS:
         lines += [f"{ACTION_OPEN}{a}{ACTION_CLOSE}", f" {a}", a] * 8
+    if whole_phrases:
+        lines += ["system\n", "user\n", "assistant\n"] * 256  # ChatML role headers: one token each
     return lines
 
 
@@ -92,7 +93,7 @@ def build_tokenizer(vocab_size: int = 640, whole_phrases: bool = False):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    tok.train_from_iterator(_tokenizer_corpus(whole_phrases), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
