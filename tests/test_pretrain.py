@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 
 from mazerl.cli import app
 from mazerl.mazes.dataset_io import read_split
-from mazerl.mazes.splits import TRAIN_SPLIT, generate_dataset, preset
+from mazerl.mazes.splits import generate_dataset
 from mazerl.mazes.visgym import load_visgym_fixture, reference_file
 from mazerl.policy import loading
 from mazerl.policy.loading import PolicyLoadError, load_policy, packaged_model_dir
 from mazerl.rl.config import PolicyConfig
-from mazerl.rl.pretrain import POOL_FILE, PROVENANCE_FILE, choose_snapshot
+from mazerl.rl.pretrain import POOL_FILE, PROVENANCE_FILE, choose_snapshot, evaluation_splits
 
 runner = CliRunner()
 TINY_RUN = {"steps": 3, "eval_every": 2, "validation_mazes": 3, "heldout_mazes": 4, "batch_turns": 6, "turns_per_maze": 2,
@@ -28,10 +28,8 @@ def evaluation_walls(tmp_path_factory) -> set[str]:
     """Walls of every evaluation maze of the default and smoke presets, reference splits included."""
     walls: set[str] = set()
     for name in ("default", "smoke"):
-        cfg = preset(name)
-        cfg = cfg.model_copy(update={"splits": {k: v for k, v in cfg.splits.items() if k != TRAIN_SPLIT}})
         out = tmp_path_factory.mktemp(name) / "mazes"
-        manifest = generate_dataset(cfg, out, reference_file())
+        manifest = generate_dataset(evaluation_splits(name), out, reference_file())
         assert {"visgym-easy-64", "visgym-hard-64", "heldout"} <= set(manifest["splits"])
         for info in manifest["splits"].values():
             walls |= set(read_split(out / info["file"]).walls_hash)

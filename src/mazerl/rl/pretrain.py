@@ -44,6 +44,7 @@ from ..mazes.layout import MOVE_NAMES, Maze
 from ..mazes.render import RenderOptions
 from ..mazes.sampling import sample_maze
 from ..mazes.seeding import derive_seed
+from ..mazes.solver import solve
 from ..mazes.splits import _row
 from ..mazes.visgym import VISGYM_MAX_TURNS
 from ..rollout.multiturn import HistoryConfig, RolloutItem, rollout
@@ -108,27 +109,30 @@ class PretrainConfig(BaseModel):
 
 # ---- which mazes it may use ---------------------------------------------------------------------
 
-def evaluation_exclusions(reference: str | Path | None) -> tuple[set[str], set[str]]:
-    """(walls hashes, layout hashes) of every evaluation maze of the default and smoke presets and of
-    the VisGym reference file: pretraining never sees these walls, with any start and goal."""
+def evaluation_splits(preset_name: str):
+    """A dataset preset without its train split: just the frozen evaluation splits."""
+    from ..mazes.splits import TRAIN_SPLIT, preset
+
+    cfg = preset(preset_name)
+    return cfg.model_copy(update={"splits": {k: v for k, v in cfg.splits.items() if k != TRAIN_SPLIT}})
+
+
+def evaluation_exclusions(reference: str | Path | None) -> set[str]:
+    """Walls hashes of every evaluation maze of the default and smoke presets and of the VisGym
+    reference file: pretraining never sees these walls, with any start and goal."""
     import tempfile
 
     from ..mazes.dataset_io import read_split
-    from ..mazes.splits import TRAIN_SPLIT, generate_dataset, preset
+    from ..mazes.splits import generate_dataset
 
     walls: set[str] = set()
-    layouts: set[str] = set()
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("default", "smoke"):
-            cfg = preset(name)
-            cfg = cfg.model_copy(update={"splits": {k: v for k, v in cfg.splits.items() if k != TRAIN_SPLIT}})
             out = Path(tmp) / name
-            manifest = generate_dataset(cfg, out, reference)
+            manifest = generate_dataset(evaluation_splits(name), out, reference)
             for info in manifest["splits"].values():
-                df = read_split(out / info["file"])
-                walls.update(df.walls_hash)
-                layouts.update(df.layout_hash)
-    return walls, layouts
+                walls.update(read_split(out / info["file"]).walls_hash)
+    return walls
 
 
 def draw_mazes(cells: int, count: int, algorithm: str, seed: int, stream: str, excluded_walls: set[str],
@@ -144,8 +148,7 @@ def draw_mazes(cells: int, count: int, algorithm: str, seed: int, stream: str, e
         lh = layout_hash(maze.grid, maze.start, maze.goal)
         if lh in taken:
             continue
-        moves = int(MazeTask.build(maze).optimal_moves)
-        if moves + 1 > VISGYM_MAX_TURNS:
+        if len(solve(maze.grid, maze.start, maze.goal)) + 1 > VISGYM_MAX_TURNS:
             continue  # unsolvable in the VisGym budget: never shown as a task
         taken.add(lh)
         found.append(maze)
@@ -169,7 +172,7 @@ class Pretrainer:
         work.mkdir(parents=True)
         self.work = work
         log("drawing mazes: evaluation layouts excluded (default + smoke presets, VisGym reference)")
-        excluded_walls, _ = evaluation_exclusions(reference)
+        excluded_walls = evaluation_exclusions(reference)
         self.excluded_count = len(excluded_walls)
         taken: set[str] = set()
         self.validation = draw_mazes(4, cfg.validation_mazes, cfg.algorithm, cfg.seed, "validation", excluded_walls, taken)
@@ -316,7 +319,6 @@ def file_hashes(directory: Path) -> dict[str, str]:
 def pretrain_tiny(cfg: PretrainConfig, out: str | Path, *, reference: str | Path | None, overwrite: bool = False,
                   command: list[str] | None = None, log=print, on_step=None) -> dict:
     """Build, train, choose, measure and write the pretrained tiny base to `out`; returns its provenance."""
-    from ..evaluation.stats import wilson_interval
     from ..mazes.dataset_io import read_split, row_to_maze
 
     out = Path(out)
@@ -328,24 +330,21 @@ def pretrain_tiny(cfg: PretrainConfig, out: str | Path, *, reference: str | Path
         chosen, why = choose_snapshot(result["snapshots"], cfg.target_success)
         log(f"shipping step {chosen['step']}: {why}")
         # Measure the chosen snapshot on the default preset's heldout mazes (what `make demo` evaluates).
-        from ..policy.loading import load_policy
+        from ..mazes.splits import generate_dataset
         from .common import open_policy
 
         trainer.tp = open_policy(trainer.view.model_copy(update={"model": chosen["path"]}))
         trainer.model = trainer.tp.policy.model
         heldout_dir = trainer.work / "heldout"
-        from ..mazes.splits import TRAIN_SPLIT, generate_dataset, preset
-
-        dcfg = preset("default")
-        dcfg = dcfg.model_copy(update={"splits": {k: v for k, v in dcfg.splits.items() if k != TRAIN_SPLIT}})
+        dcfg = evaluation_splits("default")
         generate_dataset(dcfg, heldout_dir, reference)
         heldout_df = read_split(heldout_dir / "heldout.parquet").iloc[: cfg.heldout_mazes]
-        heldout = trainer.validate([row_to_maze(r) for _, r in heldout_df.iterrows()])
-        sampled = trainer.validate([row_to_maze(r) for _, r in heldout_df.iterrows()], temperature=cfg.grpo_temperature, seed=cfg.seed)
+        heldout_mazes = [row_to_maze(r) for _, r in heldout_df.iterrows()]
+        heldout = trainer.validate(heldout_mazes)
+        sampled = trainer.validate(heldout_mazes, temperature=cfg.grpo_temperature, seed=cfg.seed)
         log(f"heldout ({len(heldout_df)} mazes, greedy): success {heldout['success']:.3f} "
             f"(95% CI {heldout['wilson_95'][0]:.3f}-{heldout['wilson_95'][1]:.3f}); sampled at T={cfg.grpo_temperature}: "
             f"parse failures {sampled['parse_failure_rate']:.4f} per turn")
-        del load_policy, wilson_interval
         pool_rows = [
             _row(f"pretrain-{c}x{c}-{i:06d}", "pretrain", m, "visgym-corners", VISGYM_MAX_TURNS, RenderOptions())
             for c, mazes in trainer.pool.items() for i, m in enumerate(mazes)
