@@ -54,8 +54,9 @@ def test_failure_categories_of_hand_built_episodes():
 def test_episode_row_records_the_dead_end_excursion():
     st = play(["down", "down", "down", "up", "up", "up", "right", "right", "right", "right", "down", "down", "down", "down", "stop"])
     maze = {"maze_id": "hand", "split": "t", "height": 7, "width": 7, "algorithm": "hand", "forks_on_solution": 2,
-            "dead_ends_next_to_solution": 2, "shortest_path_moves": 8}
+            "dead_ends_next_to_solution": 2, "shortest_path_moves": 8, "layout_hash": "abc", "start": [1, 1], "goal": [5, 5]}
     row = episode_row(maze, st, policy="test", sample=0, greedy=True)
+    assert (row["layout_hash"], row["start"], row["goal"]) == ("abc", [1, 1], [5, 5])
     assert row["success"] and row["dead_end_entries"] == 1 and row["dead_end_recovery_turns"] == [5]
     assert row["steps_over_optimal"] == pytest.approx(14 / 8) and row["spl"] == pytest.approx(8 / 14)
     assert row["failure_category"] is None and not row["loop"]

@@ -104,3 +104,31 @@ def test_turn_state_keys_follow_position_previous_move_and_bump():
     stats = SimpleNamespace(path=[(1, 1), (1, 1), (1, 3), (1, 3)], actions=["up", "right", "stop"])
     traj = SimpleNamespace(stats=stats, rewards=[0.0, 0.0, 0.0])
     assert turn_state_keys(traj) == [((1, 1), None, False), ((1, 1), "up", True), ((1, 3), "right", False)]
+
+
+def _advantages(trajs, episode_adv, **settings):
+    from types import SimpleNamespace
+
+    from mazerl.rl.config import GRPOConfig
+    from mazerl.rl.trainer import GRPOTrainer
+
+    cfg = GRPOConfig.model_validate({"policy": {"model": "unused"}, "train_data": "x", "output_dir": "y", **settings})
+    return GRPOTrainer.turn_advantages(SimpleNamespace(cfg=cfg), trajs, torch.tensor(episode_adv))
+
+
+def test_episode_and_turn_weights_and_positive_only():
+    from types import SimpleNamespace
+
+    def traj(path, actions, rewards):
+        return SimpleNamespace(group=0, rewards=rewards, stats=SimpleNamespace(path=path, actions=actions))
+
+    # two episodes from the same start: the first move "right" gains, "up" bumps
+    trajs = [traj([(1, 1), (1, 3)], ["right"], [0.1]), traj([(1, 1), (1, 1)], ["up"], [-0.1])]
+    both = _advantages(trajs, [0.5, -0.5], turn_advantage_weight=1.0, turn_gamma=0.0)
+    assert both[0][0] == pytest.approx(0.5 + 1.0, abs=1e-5) and both[1][0] == pytest.approx(-0.5 - 1.0, abs=1e-5)
+    turn_only = _advantages(trajs, [0.5, -0.5], episode_advantage_weight=0.0, turn_advantage_weight=1.0, turn_gamma=0.0)
+    assert turn_only[0][0] == pytest.approx(1.0, abs=1e-5) and turn_only[1][0] == pytest.approx(-1.0, abs=1e-5)
+    positive = _advantages(trajs, [0.5, -0.5], positive_advantages_only=True)
+    assert positive == [[0.5], [0.0]]
+    with pytest.raises(ValueError, match="both 0"):
+        _advantages(trajs, [0.5, -0.5], episode_advantage_weight=0.0)

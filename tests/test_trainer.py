@@ -6,13 +6,15 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
 from mazerl.config import ConfigError, load_config
-from mazerl.mazes.dataset_io import read_split, records, write_split
+from mazerl.mazes.dataset_io import read_split, records
 from mazerl.mazes.layout import MOVES
 from mazerl.mazes.solver import solve
 from mazerl.rl.checkpoint import CheckpointManager, verify
@@ -33,9 +35,12 @@ def one_move_split(small_mazes, tmp_path_factory):
         r, c = rec["start"]
         for m in moves[:-1]:
             r, c = r + MOVES[m][0], c + MOVES[m][1]
-        rec.update(start=[r, c], shortest_path_moves=1, max_turns=1)
+        rec.update(start=[r, c], max_turns=1)
     path = tmp_path_factory.mktemp("one_move") / "one_move.parquet"
-    write_split(rows, path)
+    # only what defines the maze and its budget: hashes, shortest path and strata are derived on read
+    pq.write_table(pa.Table.from_pylist([{k: rec[k] for k in ("maze_id", "grid", "start", "goal", "max_turns")}
+                                         for rec in rows]), path)
+    assert set(read_split(path).shortest_path_moves) == {1}
     return path
 
 

@@ -11,6 +11,37 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
+
+
+class OutsideOutputError(UserError):
+    """A name that would put a file outside the command's output directory."""
+
+
+class InputInsideOutputError(UserError):
+    """An input that lies inside the directory a command would replace."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _mode_like_open(path: Path, directory: bool = False) -> None:
+    """mkstemp/mkdtemp create 0600/0700 entries; give ours the mode a plain open()/mkdir() would (the
+    user's umask), so outputs stay readable by the group and others as the user's other files are."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+@contextlib.contextmanager
+def _naming(target: Path) -> Iterator[None]:
+    """An OSError while preparing to write `target` names `target`, not our temporary sibling."""
+    try:
+        yield
+    except OSError as err:
+        raise OSError(err.errno, err.strerror or str(err), str(target)) from None
+
 
 def _fsync_dir(path: Path) -> None:
     # Make the rename itself durable; some filesystems (or platforms) do not support it.
@@ -29,11 +60,13 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     On an exception the temporary file is removed and `target` is left untouched.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    with _naming(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        _mode_like_open(tmp)
         yield tmp
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -63,7 +96,31 @@ def check_output_dir(target: str | os.PathLike[str], *, overwrite: bool = False)
     if target.exists() and not target.is_dir():
         raise FileExistsError(f"{target} exists and is not a directory")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise FileExistsError(f"{target} is not empty; pass overwrite=True (--overwrite) to replace it")
+        raise FileExistsError(f"{target} is not empty; pass --overwrite to replace it")
+
+
+def inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    """Whether `path` is `folder` or lies below it (symbolic links and '..' resolved)."""
+    p, f = Path(path).resolve(), Path(folder).resolve()
+    return p == f or f in p.parents
+
+
+def child_path(folder: str | os.PathLike[str], name: str) -> Path:
+    """FOLDER/name, refused unless it lies inside FOLDER: nothing is written outside an output directory."""
+    target = Path(folder) / name
+    if Path(name).is_absolute() or not inside(target, folder) or Path(target).resolve() == Path(folder).resolve():
+        raise OutsideOutputError(f"{name!r} would be written outside the output directory {folder}")
+    return target
+
+
+def refuse_inputs_inside(output: str | os.PathLike[str], inputs: dict[str, str | os.PathLike[str] | None]) -> None:
+    """An output directory may be replaced (--overwrite); refuse when an input lives inside it, so
+    replacing the output can never delete what the command reads."""
+    for label, path in inputs.items():
+        if path is not None and inside(path, output):
+            raise InputInsideOutputError(
+                f"{label} {path} lies inside the output directory {output}: writing there could delete it; "
+                "choose an output directory that holds none of the inputs")
 
 
 @contextlib.contextmanager
@@ -75,9 +132,11 @@ def atomic_directory(target: str | os.PathLike[str], *, overwrite: bool = False)
     """
     target = Path(target)
     check_output_dir(target, overwrite=overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    with _naming(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
+        _mode_like_open(tmp, directory=True)
         yield tmp
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))

@@ -7,15 +7,71 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, user_message, write_error_log
 from .mazes.layout import MazeError
 
-app = typer.Typer(help="mazerl: multi-turn GRPO for vision-language models on mazes.", no_args_is_help=True)
+DEBUG_ENV = "MAZERL_DEBUG"
+
+
+class _ErrorBoundary(TyperGroup):
+    """The command line's one error boundary. Bad input (any `UserError`, a validation error, an
+    unreadable or unwritable file): one message, exit 2. Anything unexpected: one line naming the
+    error and a log file holding the traceback, exit 1. `--debug` (or MAZERL_DEBUG=1) also prints
+    the traceback. Nobody sees a raw traceback otherwise."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, typer.Exit):
+            raise
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]", highlight=False)
+            raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        except Exception as err:  # noqa: BLE001 - this is the boundary
+            debug = bool(os.environ.get(DEBUG_ENV))
+            if debug:
+                err_console.print_exception(show_locals=False)
+            message = user_message(err)
+            if message is not None:
+                err_console.print("[bold red]error:[/] " + _escape(message), soft_wrap=True, highlight=False)
+                raise typer.Exit(code=EXIT_BAD_INPUT) from None
+            log = write_error_log(err, sys.argv)
+            where = f"; traceback in {log}" if log else ""
+            err_console.print("[bold red]internal error:[/] " + _escape(f"{type(err).__name__}: {err}{where} "
+                              "(rerun with --debug to print it; please report it)"), soft_wrap=True, highlight=False)
+            raise typer.Exit(code=EXIT_FAILED) from None
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+app = typer.Typer(help="mazerl: multi-turn GRPO for vision-language models on mazes.", no_args_is_help=True,
+                  cls=_ErrorBoundary, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def _main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="print the traceback of any error (also: MAZERL_DEBUG=1)")] = False,
+) -> None:
+    """mazerl: multi-turn GRPO for vision-language models on mazes.
+
+    Exit codes: 0 success; 1 a check failed or an internal error (its traceback is saved to a log
+    file that the message names); 2 bad input; 130 interrupted.
+    """
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+
 mazes_app = typer.Typer(help="Generate, check and inspect maze datasets.", no_args_is_help=True)
 policy_app = typer.Typer(help="Build and inspect policies (vision-language models).", no_args_is_help=True)
 train_app = typer.Typer(help="Train a policy: behaviour-cloning warm start, then GRPO.", no_args_is_help=True)
@@ -43,8 +99,8 @@ def _quiet_hf() -> None:
 
 
 def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
-    raise typer.Exit(code=2)
+    err_console.print("[bold red]error:[/] " + _escape(message), soft_wrap=True, highlight=False)
+    raise typer.Exit(code=EXIT_BAD_INPUT)
 
 
 def _print_rows(title: str, rows: list[list[str]]) -> None:
@@ -80,6 +136,9 @@ def mazes_generate(
 
     if (config is None) == (preset is None):
         _fail("give exactly one of --config FILE or --preset NAME (default, smoke)")
+    from .atomic import refuse_inputs_inside
+
+    refuse_inputs_inside(out, {"--config": config, "--reference": reference})
     try:
         cfg = DatasetConfig.from_yaml(config) if config else load_preset(preset)  # type: ignore[arg-type]
         if train_seed is not None:
@@ -231,6 +290,9 @@ def policy_pretrain_tiny(
         check_output_dir(out, overwrite=overwrite)
     except FileExistsError as err:
         _fail(str(err))
+    from .atomic import refuse_inputs_inside
+
+    refuse_inputs_inside(out, {"--config": config, "--reference": reference})
     ref = reference or reference_file()
     if not ref.is_file():
         _fail(f"reference file not found: {ref}")
@@ -262,6 +324,7 @@ def _train_progress(total: int, keys: tuple[str, ...]):
 def train_sft_cmd(
     config: Annotated[Path, typer.Option("--config", help="SFT config YAML (see configs/)")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting: key=value (dotted keys)")] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace an earlier run in output_dir")] = False,
 ) -> None:
     """Warm start: behaviour cloning on BFS solver moves, in the multi-turn chat format."""
     _quiet_hf()
@@ -275,7 +338,7 @@ def train_sft_cmd(
         _fail(str(err))
     bar, on_step = _train_progress(cfg.steps, ("loss", "move_accuracy", "eval/success"))
     with bar:
-        record = _run_job(lambda: train_sft(cfg, on_step))
+        record = _run_job(lambda: train_sft(cfg, on_step, overwrite=overwrite))
     console.print(f"final move accuracy {record.get('move_accuracy', float('nan')):.3f}; model: {Path(cfg.output_dir) / 'final'}")
 
 
@@ -284,20 +347,22 @@ def train_grpo_cmd(
     config: Annotated[Path, typer.Option("--config", help="GRPO config YAML (see configs/)")],
     resume: Annotated[str, typer.Option(help="auto (latest complete checkpoint) | never | a checkpoint directory")] = "auto",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting: key=value (dotted keys)")] = None,
+    overwrite: Annotated[bool, typer.Option(help="with nothing to resume: replace an earlier run's files in output_dir")] = False,
 ) -> None:
     """Multi-turn GRPO: rollouts -> group advantages -> clipped policy-gradient updates."""
     _quiet_hf()
     from .config import ConfigError, load_config, parse_overrides
     from .rl.config import GRPOConfig
-    from .rl.trainer import GRPOTrainer
+    from .rl.trainer import GRPOTrainer, check_resume_arg
 
     try:
         cfg = load_config(GRPOConfig, config, parse_overrides(set_ or []))
     except ConfigError as err:
         _fail(str(err))
+    check_resume_arg(resume, Path(cfg.output_dir) / "checkpoints")
     bar, on_step = _train_progress(cfg.steps, ("reward_mean", "success_rate", "entropy", "eval/success"))
     with bar:
-        record = _run_job(lambda: GRPOTrainer(cfg, on_step).run(resume))
+        record = _run_job(lambda: GRPOTrainer(cfg, on_step).run(resume, overwrite))
     console.print(f"step {record.get('step')}: success {record.get('success_rate', float('nan')):.3f}; "
                   f"model: {Path(cfg.output_dir) / 'final'}")
 
@@ -332,18 +397,43 @@ def eval_cmd(
         _fail("give --data SPLIT.parquet (one or more) and --out DIR")
     if policy not in ("model", "oracle", "random"):
         _fail(f"unknown --policy {policy!r}: allowed model, oracle, random")
-    try:
-        view = None
-        if policy == "model":
-            if model is None:
-                _fail("--policy model needs --model PATH")
-            hist = {"turns": history_turns, "images": 1} if history_turns is not None else None
+    if policy != "model":
+        given = [f for f, v in (("--model", model), ("--render-scale", render_scale), ("--history-turns", history_turns),
+                                ("--max-new-tokens", max_new_tokens)) if v is not None]
+        if given:
+            _fail(f"{', '.join(given)}: used only with --policy model; the {policy} agent plays without a model")
+    view = None
+    if policy == "model":
+        if model is None:
+            _fail("--policy model needs --model PATH")
+        from .policy.loading import resolve_model_name
+
+        resolved = resolve_model_name(model)
+        hist = {"turns": history_turns, "images": 1} if history_turns is not None else None
+        saved = PolicyConfig.saved_view(resolved)
+        try:
             view = PolicyConfig.for_model(model, render_scale=render_scale, history=hist, max_new_tokens=max_new_tokens)
+        except ValidationError as err:
+            _fail(format_validation_error(err, "(command-line options)"))
+        if saved is None and Path(resolved).is_dir():
+            assumed = ", ".join(f"{k} {v}" for k, v in view.view().items())
+            err_console.print(f"[yellow]notice:[/] {resolved} has no {PolicyConfig.VIEW_FILE}; assumed view settings: "
+                              + _escape(assumed), soft_wrap=True, highlight=False)
+    try:
         cfg = EvalConfig(policy=policy, model=view, data=[str(d) for d in data], out=str(out), samples=samples,
                          temperature=temperature, max_turns=max_turns, seed=seed, overwrite=overwrite)
     except ValidationError as err:
-        _fail(format_validation_error(err, "(command line)"))
-    summary = _run_job(lambda: evaluate(cfg, metrics_log=training_log))
+        _fail(format_validation_error(err, "(command-line options)"))
+    with _progress() as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(split: str, done: int, total: int, share: float) -> None:
+            key = "samples" if split.endswith(" samples") else "mazes"  # greedy counts run over all splits
+            if key not in tasks:
+                tasks[key] = bar.add_task(split, total=total)
+            bar.update(tasks[key], completed=done, total=total, description=split)
+
+        summary = _run_job(lambda: evaluate(cfg, progress=progress, metrics_log=training_log))
     _print_rows(f"evaluation: {policy} {model or ''}".strip(), eval_tables(summary))
     meta = summary["meta"]
     console.print(f"{meta['episodes']} episodes in {meta['seconds']:.1f} s ({meta['episodes_per_s']:.1f}/s)")
@@ -701,4 +791,4 @@ def main() -> None:  # pragma: no cover - console entry point
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    app()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
+from .errors import UserError
 from .pipeline_spec import check_parameters, package_digest, pipeline_name
 
 AuthMode = Literal["none", "token", "kube"]
@@ -27,7 +28,7 @@ _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _CRON_FIELD = re.compile(r"^[0-9*?/,\-LW#A-Za-z]+$")
 
 
-class KFPError(RuntimeError):
+class KFPError(UserError, RuntimeError):
     """A KFP server could not be reached, refused a request, or was asked something invalid."""
 
 
@@ -56,10 +57,13 @@ class Connection:
 def read_token(token_file: str | Path | None) -> str:
     """The bearer token: from a file (e.g. a projected service-account token) or $MAZERL_KFP_TOKEN."""
     if token_file is not None:
+        from .config import ConfigError, read_text_file
+
         path = Path(token_file)
-        if not path.is_file():
-            raise KFPError(f"--token-file {path} does not exist")
-        token = path.read_text().strip()
+        try:  # read through open(): /dev/fd/N (process substitution) and FIFOs work
+            token = read_text_file(path, "--token-file").strip()
+        except ConfigError as err:
+            raise KFPError(str(err)) from None
         if not token:
             raise KFPError(f"--token-file {path} is empty")
         return token
@@ -85,7 +89,7 @@ def _api_call(conn: Connection, what: str) -> Iterator[None]:
             hint = "; check --auth (token | kube) and that the credentials may use this KFP namespace"
         elif err.status == 404 and '"message"' not in body:  # not KFP's own "not found": wrong URL or API version
             hint = "; is this a KFP v2 API (…/apis/v2beta1)?"
-        raise KFPError(f"{what} failed: {conn.where()} answered HTTP {err.status} {err.reason}: {body.strip()[:500]}{hint}") from None
+        raise KFPError(f"{what} failed: {conn.where()} answered HTTP {err.status} {err.reason}: {_snippet(body, 300)}{hint}") from None
     except (urllib3.exceptions.HTTPError, ConnectionError) as err:
         reason = getattr(err, "reason", None) or err
         raise KFPError(
@@ -146,7 +150,29 @@ def _health(kwargs: dict[str, Any]):
         cfg.verify_ssl = kwargs["verify_ssl"]
     cfg.retries = 1
     api = kfp_server_api.HealthzServiceApi(kfp_server_api.ApiClient(cfg))
-    return api.healthz_service_get_healthz(_request_timeout=30)
+    raw = api.healthz_service_get_healthz(_request_timeout=30, _preload_content=False)
+    body = raw.data.decode("utf-8", errors="replace") if isinstance(raw.data, bytes) else str(raw.data)
+    # Anything may answer 200 (a login page, a proxy's index): only a JSON object is KFP's health answer.
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        kind = raw.headers.get("Content-Type", "unknown content") if raw.headers else "unknown content"
+        raise KFPError(f"{kwargs['host']} answered /apis/v2beta1/healthz with {kind} ({_snippet(body)}), not KFP's "
+                       "JSON: this is not a KFP v2 API endpoint (a login page or another service?); check --host")
+    return kfp_server_api.V2beta1GetHealthzResponse(multi_user=bool(doc.get("multi_user", False)))
+
+
+def _snippet(body: str, limit: int = 120) -> str:
+    """The start of a response body on one line; an HTML page is named, not dumped."""
+    text = " ".join(body.split())
+    if text.lower().startswith(("<!doctype", "<html")) or "<body" in text.lower()[:2000]:
+        import re
+
+        title = re.search(r"<title>(.*?)</title>", text, re.IGNORECASE)
+        return f"an HTML page{f' titled {title.group(1).strip()!r}' if title else ''}"
+    return text[:limit] + ("…" if len(text) > limit else "")
 
 
 def _through_kube_api(conn: Connection) -> dict[str, Any]:

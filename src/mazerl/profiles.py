@@ -14,10 +14,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .config import ConfigError, format_validation_error
+from .config import ConfigError, format_validation_error, load_yaml_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the source checkout (images/, env/k8s/); absent in a wheel
 PROFILE_DIR = Path(__file__).resolve().parent / "configs" / "profiles"
@@ -38,14 +37,14 @@ _PINNED = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 
 
 class Images(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     runtime: str = Field(description="image of the KFP task pods (mazerl installed, CPU)")
     trainer: str | None = Field(None, description="GPU image of the RayJob (Ray, vLLM, FSDP2)")
 
 
 class Toleration(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     key: str
     operator: Literal["Exists", "Equal"] = "Exists"
@@ -54,14 +53,14 @@ class Toleration(BaseModel):
 
 
 class Kueue(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     queue_name: str = Field(description="e.g. hyperpod-ns-<team>-localqueue")
     priority_class: str | None = Field(None, description="e.g. <name>-priority")
 
 
 class Storage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     root: str = Field(description="where runs, checkpoints and the promotion registry live (path or s3://)")
     fsx_claim: str | None = Field(None, description="FSx for Lustre PVC name, conventionally fsx-claim")
@@ -71,7 +70,7 @@ class Storage(BaseModel):
 class PipelineDefaults(BaseModel):
     """Pipeline parameter defaults of this profile (each can be overridden per run)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     model: str = Field(description="base model: a path or hub id")
     dataset_preset: Literal["default", "smoke"] = "default"
@@ -85,7 +84,7 @@ class PipelineDefaults(BaseModel):
 
 
 class Profile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     name: str
     kind: Literal["local", "hyperpod"]
@@ -136,10 +135,10 @@ def load_profile(name_or_path: str, directory: Path = PROFILE_DIR) -> Profile:
         path = directory / f"{name_or_path}.yaml"
     if not path.exists():
         raise ConfigError(f"unknown profile {name_or_path!r}: available {', '.join(available_profiles(directory)) or '(none)'}")
+    raw = load_yaml_file(path, "profile") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"profile {path} must hold a mapping of settings, got {type(raw).__name__}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
         return Profile.model_validate(raw)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, str(path))) from None

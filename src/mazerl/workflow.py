@@ -119,7 +119,7 @@ def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict
 
     cfg = load_config(SFTConfig, config, _job_overrides(model, data_dir, out_dir, extra or {}))
     with Progress("warm-start", cfg.steps, "step", deadline_s=cfg.max_minutes * 60 if cfg.max_minutes else None) as bar:
-        train_sft(cfg, lambda step, r: bar.update(step, loss=r.get("loss"), accuracy=r.get("move_accuracy")))
+        train_sft(cfg, lambda step, r: bar.update(step, loss=r.get("loss"), accuracy=r.get("move_accuracy")), overwrite=True)
     return str(Path(out_dir) / "final")
 
 
@@ -155,7 +155,8 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
             bar.update(step, reward=r.get("reward_mean"), success=r.get("success_rate"),
                        parse_fail=r.get("parse_failure_rate"), entropy=r.get("entropy"), heldout=r.get("eval/success"))
 
-        record = GRPOTrainer(cfg, on_step).run(resume="auto")  # a retried task resumes from its last checkpoint
+        # a retried task resumes from its last checkpoint; with none, it starts over in its own output folder
+        record = GRPOTrainer(cfg, on_step).run(resume="auto", overwrite=True)
     return str(Path(out_dir) / "final"), record
 
 

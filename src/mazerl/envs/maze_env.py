@@ -28,7 +28,7 @@ FEEDBACK_INVALID = ACTION_FORMAT_HELP
 class EnvConfig(BaseModel):
     """Episode rules. Shaping terms are off by default (VisGym: reward only for stopping on the goal)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
     max_turns: int = Field(18, ge=1, le=10_000, description="turn budget; the reference run used 18")
     step_penalty: float = Field(0.0, ge=0.0, description="subtracted every turn")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -23,24 +24,64 @@ def _paired_mean_diff(a: pd.Series, b: pd.Series) -> dict | None:
     return {"pairs": int(len(d)), "diff": m, "ci95": [m - half, m + half]}
 
 
+def _keyed(episodes: pd.DataFrame, where: str | Path) -> pd.DataFrame:
+    """Greedy episodes indexed by their maze: layout hash, start and goal (ids are only row numbers)."""
+    missing = [c for c in ("layout_hash", "start", "goal") if c not in episodes.columns]
+    if missing:
+        raise MazeError(f"{where} was written by an older mazerl (its episodes lack {', '.join(missing)}); "
+                        "evaluate again to compare it")
+    g = episodes[episodes.greedy].copy()
+    g["maze_key"] = [f"{h}|{tuple(int(x) for x in s)}|{tuple(int(x) for x in e)}"
+                     for h, s, e in zip(g.layout_hash, g.start, g.goal)]
+    return g
+
+
+def _check_same_settings(base_dir: Path, new_dir: Path) -> None:
+    """Refuse to compare evaluations played under different rules: turn budget override or model view."""
+    metas = []
+    for d in (base_dir, new_dir):
+        summary = Path(d) / "summary.json"
+        metas.append(json.loads(summary.read_text()).get("meta", {}) if summary.exists() else {})
+    a, b = metas
+    if a.get("max_turns_override") != b.get("max_turns_override"):
+        raise MazeError(f"the evaluations used different turn budgets (--max-turns {a.get('max_turns_override')} vs "
+                        f"{b.get('max_turns_override')}): a comparison needs the same budget")
+    va, vb = a.get("view"), b.get("view")
+    if va is not None and vb is not None and va != vb:
+        diff = sorted(k for k in set(va) | set(vb) if va.get(k) != vb.get(k))
+        raise MazeError(f"the two models saw the mazes differently ({', '.join(f'{k}: {va.get(k)!r} vs {vb.get(k)!r}' for k in diff)}): "
+                        "evaluate both with the same view settings to compare them")
+
+
 def compare(base_dir: str | Path, new_dir: str | Path) -> dict:
-    base = load_episodes(base_dir)
-    new = load_episodes(new_dir)
-    base, new = base[base.greedy], new[new.greedy]
+    base_dir, new_dir = Path(base_dir), Path(new_dir)
+    base = _keyed(load_episodes(base_dir), base_dir)
+    new = _keyed(load_episodes(new_dir), new_dir)
+    _check_same_settings(base_dir, new_dir)
     out: dict = {"base": str(base_dir), "new": str(new_dir), "splits": {}}
     splits = [s for s in base.split.unique() if s in set(new.split.unique())]
     if not splits:
         raise MazeError(f"{base_dir} and {new_dir} share no split: nothing to compare")
     for split in splits:
-        a = base[base.split == split].set_index("maze_id")
-        b = new[new.split == split].set_index("maze_id")
+        a = base[base.split == split].set_index("maze_key")
+        b = new[new.split == split].set_index("maze_key")
+        for name, side in (("base", a), ("new", b)):
+            if side.index.duplicated().any():
+                raise MazeError(f"split {split!r} holds the same maze (walls, start and goal) more than once in {name}: "
+                                "its episodes cannot be paired one to one")
         if set(a.index) != set(b.index):
             only_a, only_b = sorted(set(a.index) - set(b.index)), sorted(set(b.index) - set(a.index))
             raise MazeError(
-                f"split {split!r}: the evaluations played different mazes ({len(only_a)} only in base, e.g. "
-                f"{only_a[:3]}; {len(only_b)} only in new, e.g. {only_b[:3]}); compare evaluations of the same split file"
+                f"split {split!r}: the evaluations played different mazes ({len(only_a)} layouts only in base, "
+                f"{len(only_b)} only in new, compared by walls, start and goal, not by maze id); compare evaluations "
+                "of the same split file"
             )
         b = b.loc[a.index]
+        budgets = a.max_turns.to_numpy() != b.max_turns.to_numpy()
+        if budgets.any():
+            k = int(budgets.argmax())
+            raise MazeError(f"split {split!r}: maze {a.maze_id.iloc[k]!r} was played with {int(a.max_turns.iloc[k])} turns in "
+                            f"base and {int(b.max_turns.iloc[k])} in new: a comparison needs the same turn budgets")
         pc = paired_comparison(list(a.success), list(b.success))
         loops_only_a = int((a.loop & ~b.loop).sum())
         loops_only_b = int((b.loop & ~a.loop).sum())

@@ -34,6 +34,10 @@ def episode_row(maze: dict, st: EpisodeStats, *, policy: str, sample: int, greed
     return {
         "maze_id": maze["maze_id"],
         "split": maze["split"],
+        # the layout itself, so that comparisons pair episodes by maze and never by id alone
+        "layout_hash": maze["layout_hash"],
+        "start": [int(x) for x in maze["start"]],
+        "goal": [int(x) for x in maze["goal"]],
         "policy": policy,
         "sample": sample,
         "greedy": greedy,

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..atomic import atomic_directory, check_output_dir, write_json
+from ..atomic import atomic_directory, check_output_dir, refuse_inputs_inside, write_json
 from ..envs.agents import as_reply, oracle_action, random_action
 from ..envs.maze_env import EnvConfig, MazeEnv
 from ..mazes.dataset_io import read_split, records
@@ -32,7 +32,7 @@ from .summary import summarise
 
 
 class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     policy: Literal["model", "oracle", "random"] = "model"
     model: PolicyConfig | None = None
@@ -65,19 +65,54 @@ def play_scripted(items, choose, env_config: EnvConfig):
     return stats
 
 
+# Memory per stored episode (its row, pandas' copy, the summary's grouping), measured generously, and
+# how many episodes are played at once when sampling (each holds its frames until it ends).
+EPISODE_BYTES = 16 * 1024
+SAMPLE_CHUNK_EPISODES = 256
+MAX_SAMPLES = 10_000
+
+
 def _load_splits(paths: list[str]) -> list[pd.DataFrame]:
+    seen: dict[Path, str] = {}
+    for p in paths:
+        key = Path(p).resolve()
+        if key in seen:
+            raise MazeError(f"--data {p} is given twice (as {seen[key]!r} and {p!r}): each maze would count twice")
+        seen[key] = p
     frames = []
+    names: dict[str, str] = {}
     for p in paths:
         df = read_split(p)
         if len(df) == 0:
             raise MazeError(f"split {p} is empty: nothing to evaluate")
+        name = str(df.split.iloc[0])
+        if name in names:
+            raise MazeError(f"--data {names[name]} and {p} are both split {name!r}: their results would be mixed; "
+                            "give each split once")
+        names[name] = p
         frames.append(df)
     return frames
+
+
+def check_episode_budget(mazes: int, samples: int) -> None:
+    """Refuse a run whose episode records would not fit in memory, before playing any of it."""
+    import psutil
+
+    if samples > MAX_SAMPLES:
+        raise MazeError(f"--samples {samples} is more than allowed ({MAX_SAMPLES} per maze)")
+    episodes = mazes * (1 + samples)
+    fits = psutil.virtual_memory().available // EPISODE_BYTES
+    if episodes > fits:
+        raise MazeError(f"{mazes} mazes x (1 + {samples} samples) = {episodes:,} episodes; this machine's free memory holds "
+                        f"about {fits:,} episode records: use fewer --samples or fewer mazes")
 
 
 def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = None) -> dict:
     """Run the evaluation; the output directory appears complete (summary last) or not at all."""
     check_output_dir(cfg.out, overwrite=cfg.overwrite)
+    refuse_inputs_inside(cfg.out, {"--training-log": metrics_log})
+    for d in cfg.data:
+        refuse_inputs_inside(cfg.out, {"--data": d})
     frames = _load_splits(cfg.data)
     started = time.perf_counter()
     rows: list[dict] = []
@@ -90,6 +125,7 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
     frames = [df.iloc[: cfg.limits[str(df.split.iloc[0])]].reset_index(drop=True) if str(df.split.iloc[0]) in cfg.limits else df
               for df in frames]
     total_mazes = sum(len(df) for df in frames)
+    check_episode_budget(total_mazes, cfg.samples)
     mazes_before = 0
     for df in frames:
         split_rows = records(df)
@@ -108,10 +144,7 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
                              env_config=cfg.env, history=cfg.model.history, on_turn=turn_progress)
             runs = [(0, True, [t.stats for t in greedy])]
             if cfg.samples:
-                sampled = rollout(tp.engine, tp.chat, items, group_size=cfg.samples, env_config=cfg.env, history=cfg.model.history,
-                                  sampling=cfg.model.sampling(temperature=cfg.temperature, seed=derive_seed(cfg.seed, "eval")))
-                for k in range(cfg.samples):
-                    runs.append((k + 1, False, [t.stats for t in sampled[k :: cfg.samples]]))
+                runs += _sampled_runs(tp, cfg, items, progress, str(df.split.iloc[0]))
         elif cfg.policy == "oracle":
             runs = [(0, True, play_scripted(items, oracle_action, cfg.env))]
         else:
@@ -129,6 +162,8 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
     summary = summarise(episodes)
     summary["meta"] = {
         "policy": cfg.policy, "model": cfg.model.model if cfg.model else None, "data": cfg.data,
+        # the rules the episodes were played under: comparisons refuse evaluations that differ here
+        "view": cfg.model.view() if cfg.model else None, "max_turns_override": cfg.max_turns,
         "samples": cfg.samples, "temperature": cfg.temperature, "episodes": len(rows),
         "seconds": seconds, "episodes_per_s": len(rows) / max(seconds, 1e-9),
     }
@@ -142,6 +177,25 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
         write_eval_report(tmp, summary, episodes, metrics)
         write_json(tmp / "summary.json", summary)  # last
     return summary
+
+
+def _sampled_runs(tp, cfg: EvalConfig, items, progress, split: str) -> list[tuple[int, bool, list]]:
+    """`cfg.samples` sampled episodes per maze, played a chunk of mazes at a time so that memory holds
+    only one chunk's frames; each episode's seed depends on its maze and sample, not on the chunk."""
+    assert cfg.model is not None
+    per_sample: list[list] = [[] for _ in range(cfg.samples)]
+    chunk = max(1, SAMPLE_CHUNK_EPISODES // cfg.samples)
+    for first in range(0, len(items), chunk):
+        part = items[first : first + chunk]
+        sampling = cfg.model.sampling(temperature=cfg.temperature, seed=derive_seed(cfg.seed, "eval", split, first))
+        sampled = rollout(tp.engine, tp.chat, part, group_size=cfg.samples, env_config=cfg.env,
+                          history=cfg.model.history, sampling=sampling)
+        for k in range(cfg.samples):
+            per_sample[k] += [t.stats for t in sampled[k :: cfg.samples]]
+        if progress:
+            done = min(first + chunk, len(items))
+            progress(f"{split} samples", done, len(items), done / len(items))
+    return [(k + 1, False, stats) for k, stats in enumerate(per_sample)]
 
 
 def load_episodes(eval_dir: str | Path) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from ..atomic import atomic_path
 from .layout import Maze, MazeError
@@ -67,12 +68,15 @@ def write_split(rows: list[dict], path: str | Path) -> None:
 
 
 def read_split(path: str | Path) -> pd.DataFrame:
-    """Read a maze table. `maze_id`, `grid`, `start` and `goal` are required; any other schema column
-    that is absent is derived (split from the file name, sizes, hashes, shortest path, strata, the
-    default turn budget, VisGym drawing); extra columns are ignored."""
+    """Read and validate a maze table. `maze_id`, `grid`, `start` and `goal` are required; every other
+    schema column that is absent is derived (split from the file name, sizes, hashes, shortest path,
+    strata, the default turn budget, VisGym drawing), and every one that is present is checked against
+    what the maze says. Extra columns are ignored. Any bad row is an error naming the row and the rule."""
     path = Path(path)
     if not path.exists():
         raise MazeError(f"split file not found: {path}")
+    if path.is_dir():
+        raise MazeError(f"{path} is a directory; a split is one .parquet file (e.g. {path / 'heldout.parquet'})")
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as err:
@@ -82,68 +86,156 @@ def read_split(path: str | Path) -> pd.DataFrame:
         raise MazeError(f"{path} is missing required column(s): {', '.join(missing)}; a maze table needs at least "
                         f"{', '.join(REQUIRED_COLUMNS)} (the other columns are derived when absent)")
     present = [c for c in COLUMNS if c in schema.names]
-    df = pq.read_table(path, columns=present).to_pandas()
-    if len(present) < len(COLUMNS):
-        df = _derive_columns(df, path)
-    return df[list(COLUMNS)]
+    try:
+        df = pq.read_table(path, columns=present).to_pandas()
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise MazeError(f"{path}: the table cannot be read: {err}") from None
+    return _validated(df, path)[list(COLUMNS)]
 
 
-def _derive_columns(df: pd.DataFrame, path: Path) -> pd.DataFrame:
-    """Fill every absent schema column from maze_id, grid, start and goal (each row checked)."""
+_STRATA = ("dead_end_cells", "forks_on_solution", "turns_on_solution", "dead_ends_next_to_solution")
+
+
+def _whole_number(value, where: str, column: str, low: int, high: int) -> int:
+    """An integer cell in [low, high] (floats only when whole), or an error naming the row and column."""
+    if isinstance(value, (bool, np.bool_)) or value is None or isinstance(value, (str, bytes)):
+        raise MazeError(f"{where}: {column} must be a whole number in {low}..{high}, got {value!r}")
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise MazeError(f"{where}: {column} must be a whole number in {low}..{high}, got {value!r}") from None
+    if not np.isfinite(f) or f != int(f) or not low <= int(f) <= high:
+        raise MazeError(f"{where}: {column} must be a whole number in {low}..{high}, got {value!r}")
+    return int(f)
+
+
+def _validated(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Check every row; derive the absent columns and compare the present ones with their derivation."""
     from .hashing import layout_hash, walls_hash
     from .render import VISGYM_RENDER
     from .solver import analyse
 
-    derived: dict[str, list] = {c: [] for c in COLUMNS if c not in df.columns}
+    given = set(df.columns)
+    ids = df["maze_id"].tolist()
+    for i, v in enumerate(ids):
+        if not isinstance(v, str) or not v:
+            raise MazeError(f"{path} row {i}: maze_id must be a non-empty string, got {v!r}")
+    dupes = pd.Series(ids)[pd.Series(ids).duplicated()]
+    if len(dupes):
+        first = dupes.iloc[0]
+        rows = [i for i, v in enumerate(ids) if v == first]
+        raise MazeError(f"{path}: maze_id {first!r} appears more than once (rows {', '.join(map(str, rows[:5]))}); "
+                        "maze ids must be unique within a split")
+    render_defaults = VISGYM_RENDER.model_dump()
+    derived: dict[str, list] = {c: [] for c in COLUMNS if c not in given}
     defaults = {"split": path.stem, "algorithm": "unknown", "seed": -1, "placement": "given", "source_split": None,
-                **VISGYM_RENDER.model_dump()}
+                **render_defaults}
+    checked_render: set[tuple] = set()
     for i, row in enumerate(df.itertuples(index=False)):
-        maze = _row_maze(row._asdict(), i, path)
+        rec = row._asdict()
+        where = f"{path} row {i} (maze_id {rec['maze_id']!r})"
+        maze = _row_maze(rec, i, path)
         try:
             a = analyse(maze)
         except MazeError:
-            raise MazeError(f"{path} row {i} (maze_id {row.maze_id!r}): the goal {maze.goal} cannot be reached "
-                            f"from the start {maze.start}") from None
+            raise MazeError(f"{where}: the goal {maze.goal} cannot be reached from the start {maze.start}") from None
         values = {
             "height": maze.height, "width": maze.width, "shortest_path_moves": a.shortest_path_moves,
             "layout_hash": layout_hash(maze.grid, maze.start, maze.goal), "walls_hash": walls_hash(maze.grid),
-            "max_turns": max(2 * a.shortest_path_moves, a.shortest_path_moves + 10),
             "dead_end_cells": a.dead_end_cells, "forks_on_solution": a.forks_on_solution,
             "turns_on_solution": a.turns_on_solution, "dead_ends_next_to_solution": a.dead_ends_next_to_solution,
         }
+        for col, want in values.items():
+            if col in given:
+                have = rec[col]
+                if col.endswith("_hash"):
+                    ok = have == want
+                else:
+                    ok = _whole_number(have, where, col, 0, 10**9) == want
+                if not ok:
+                    raise MazeError(f"{where}: {col} is {have!r} but the maze's grid, start and goal give {want!r}")
+        if "max_turns" in given:
+            _whole_number(rec["max_turns"], where, "max_turns", 1, 100_000)
+        else:
+            values["max_turns"] = max(2 * a.shortest_path_moves, a.shortest_path_moves + 10)
+        if "seed" in given:
+            _whole_number(rec["seed"], where, "seed", -1, 2**63 - 1)
+        for col in ("split", "algorithm", "placement"):
+            if col in given and (not isinstance(rec[col], str) or not rec[col]):
+                raise MazeError(f"{where}: {col} must be a non-empty string, got {rec[col]!r}")
+        if "split" in given:
+            from .splits import check_split_name
+
+            try:
+                check_split_name(rec["split"])
+            except ValueError as err:
+                raise MazeError(f"{where}: {err}") from None
+        render = tuple(rec.get(c, render_defaults[c]) for c in RENDER_COLUMNS)
+        if render not in checked_render:
+            try:
+                RenderOptions(**dict(zip(RENDER_COLUMNS, (int(render[0]) if _is_whole(render[0]) else render[0], *render[1:]))))
+            except ValidationError as err:
+                problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+                raise MazeError(f"{where}: drawing options not allowed ({problems})") from None
+            checked_render.add(render)
         for col in derived:
             derived[col].append(values[col] if col in values else defaults[col])
     for col, vals in derived.items():
         df[col] = vals
+    for col in ("max_turns", "seed", "height", "width", "shortest_path_moves", "square_px", *_STRATA):
+        if len(df):
+            df[col] = df[col].astype("int64")
     return df
+
+
+def _is_whole(v) -> bool:
+    try:
+        return float(v) == int(float(v))
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _row_maze(row: dict, i: int, path: Path) -> Maze:
     """The maze of one table row, or an error naming the row and what is wrong with it."""
     where = f"{path} row {i} (maze_id {row.get('maze_id')!r})"
+    raw = row["grid"]
+    if raw is None or isinstance(raw, (str, bytes)):
+        raise MazeError(f"{where}: grid must be a list of rows of 0/1 integers, got {type(raw).__name__}")
     try:
-        rows = [list(r) for r in row["grid"]]
+        rows = [r for r in raw]
+        if len(rows) > MAX_GRID_SIDE:
+            raise MazeError(f"{where}: grid has {len(rows)} rows; the largest allowed grid is {MAX_GRID_SIDE}x{MAX_GRID_SIDE}")
+        rows = [list(r) for r in rows]
     except TypeError:
-        raise MazeError(f"{where}: grid must be a list of rows of 0/1 values") from None
+        raise MazeError(f"{where}: grid must be a list of rows of 0/1 integers") from None
+    if any(len(r) > MAX_GRID_SIDE for r in rows):
+        raise MazeError(f"{where}: a grid row is longer than {MAX_GRID_SIDE}; the largest allowed grid is "
+                        f"{MAX_GRID_SIDE}x{MAX_GRID_SIDE}")
     if len({len(r) for r in rows}) > 1:
         raise MazeError(f"{where}: grid must be rectangular (every row the same length)")
+    if any(v is None or isinstance(v, (str, bytes, float)) and not _is_whole(v) for r in rows for v in r):
+        raise MazeError(f"{where}: grid values must be 0 (floor) or 1 (wall); found an empty or non-integer value")
     try:
         grid = np.array(rows)
     except (TypeError, ValueError):
-        raise MazeError(f"{where}: grid must be a list of rows of 0/1 values") from None
-    if grid.ndim != 2 or grid.dtype == object:
-        raise MazeError(f"{where}: grid must be a list of rows of 0/1 values")
-    if grid.shape[0] > MAX_GRID_SIDE or grid.shape[1] > MAX_GRID_SIDE:
-        raise MazeError(f"{where}: grid is {grid.shape[0]}x{grid.shape[1]}; the largest allowed is {MAX_GRID_SIDE}x{MAX_GRID_SIDE}")
+        raise MazeError(f"{where}: grid must be a list of rows of 0/1 integers") from None
+    if grid.ndim != 2 or grid.dtype.kind not in "iubf":
+        raise MazeError(f"{where}: grid must be a list of rows of 0/1 integers")
     if grid.size and not np.isin(grid, (0, 1)).all():
-        raise MazeError(f"{where}: grid values must be 0 (floor) or 1 (wall)")
+        bad = grid[~np.isin(grid, (0, 1))].flat[0].item()
+        raise MazeError(f"{where}: grid values must be 0 (floor) or 1 (wall); found {bad!r}")
     for name in ("start", "goal"):
         v = row[name]
-        if v is None or len(v) != 2:
-            raise MazeError(f"{where}: {name} must be [row, col]")
+        try:
+            ok = v is not None and not isinstance(v, (str, bytes)) and len(v) == 2 and all(
+                x is not None and _is_whole(x) for x in v)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise MazeError(f"{where}: {name} must be [row, col] (two whole numbers), got {v!r}")
     start, goal = tuple(int(x) for x in row["start"]), tuple(int(x) for x in row["goal"])
     if start == goal:
-        raise MazeError(f"{where}: start and goal are the same square {start}")
+        raise MazeError(f"{where}: start and goal are the same square {start}; they must differ")
     try:
         return Maze(grid=grid.astype(np.uint8), start=start, goal=goal)
     except MazeError as err:

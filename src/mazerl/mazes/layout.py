@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import UserError
+
 WALL = 1
 FLOOR = 0
 
@@ -28,7 +30,7 @@ SIZE_PRESETS: dict[str, tuple[int, int]] = {"visgym-easy": (4, 4), "visgym-hard"
 Position = tuple[int, int]
 
 
-class MazeError(ValueError):
+class MazeError(UserError, ValueError):
     """A maze, size or placement request that is not valid."""
 
 

@@ -40,7 +40,7 @@ PALETTES: dict[str, Palette] = {
 class RenderOptions(BaseModel):
     """How a maze is drawn. Defaults reproduce VisGym's `maze_2d` frames exactly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
     square_px: int = Field(25, ge=4, le=128, description="pixels per grid square")
     palette: Literal["visgym", "inverted", "swapped", "dark"] = "visgym"

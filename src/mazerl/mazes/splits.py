@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .. import __version__
-from ..atomic import atomic_directory, check_output_dir, write_json
+from ..atomic import atomic_directory, check_output_dir, child_path, refuse_inputs_inside, write_json
 from .dataset_io import content_hash, write_split
 from .generators import GENERATORS
 from .hashing import layout_hash, walls_hash
@@ -37,10 +37,22 @@ FORMAT = "mazerl.mazes/v1"
 Size = Annotated[tuple[int, int], Field(description="(rows, cols) in cells")]
 
 
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_split_name(name: str) -> str:
+    """Split names become file names (NAME.parquet): letters, digits, '_', '-', '.', not starting with
+    '.' or '-', at most 64 characters; nothing that could point outside the dataset directory."""
+    if not isinstance(name, str) or not SPLIT_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"split name {name!r} is not allowed: use letters, digits, '_', '-' and '.' (not '..'), "
+                         "starting with a letter or digit, at most 64 characters")
+    return name
+
+
 class SplitSpec(BaseModel):
     """One split. `count` mazes are drawn for every (size, algorithm) combination."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     count: int = Field(ge=1, le=1_000_000)
     sizes: list[Size] = Field(default_factory=lambda: [(4, 4)])
@@ -63,6 +75,17 @@ class SplitSpec(BaseModel):
         except MazeError as err:
             raise ValueError(str(err)) from None
 
+    @model_validator(mode="after")
+    def _min_moves_possible(self):
+        if self.min_moves > 1 and self.placement == "visgym-corners":
+            raise ValueError(f"min_moves = {self.min_moves} has no effect with placement 'visgym-corners' (start and goal "
+                             "are fixed corners): use placement 'random' or 'dead-ends', or leave min_moves at 1")
+        longest = min(2 * (r * c - 1) for r, c in self.sizes)  # a route through every cell of the smallest size
+        if self.min_moves > longest:
+            r, c = min(self.sizes, key=lambda s: s[0] * s[1])
+            raise ValueError(f"min_moves = {self.min_moves} is impossible in a {r}x{c}-cell maze (at most {longest} moves apart)")
+        return self
+
     @field_validator("algorithms")
     @classmethod
     def _algorithms(cls, v: list[str]):
@@ -75,7 +98,7 @@ class SplitSpec(BaseModel):
 class DatasetConfig(BaseModel):
     """Which splits to write and how. Validated at load; errors name the field."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     eval_seed: int = Field(0, ge=0, description="seeds every evaluation split (kept fixed across runs)")
     train_seed: int = Field(0, ge=0, description="seeds the train split (new per retraining run)")
@@ -103,12 +126,24 @@ class DatasetConfig(BaseModel):
                     raise ValueError("the train split cannot take part in derived_from")
         return self
 
+    @field_validator("splits", "reference_splits")
+    @classmethod
+    def _names(cls, v: dict):
+        for name in v:
+            check_split_name(name)
+        return v
+
     @classmethod
     def from_yaml(cls, path: str | Path) -> "DatasetConfig":
-        path = Path(path)
-        if not path.exists():
-            raise MazeError(f"dataset config not found: {path}")
-        return cls.model_validate(yaml.safe_load(path.read_text()) or {})
+        from ..config import ConfigError, format_validation_error, load_yaml_file
+
+        data = load_yaml_file(path, "dataset config") or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"dataset config {path} must hold a mapping of settings, got {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err, str(path))) from None
 
 
 def _visual_variants() -> list[RenderOptions]:
@@ -295,6 +330,7 @@ def generate_dataset(
     The directory appears complete or not at all. `progress(split, done, total)` is called as mazes are accepted.
     """
     check_output_dir(out_dir, overwrite=overwrite)
+    refuse_inputs_inside(out_dir, {"--reference": reference})
     key = 0 if config.dedup == "walls" else 1
     seen: set[str] = set()
     results: dict[str, list[dict]] = {}
@@ -357,7 +393,7 @@ def generate_dataset(
     }
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         for name, rows in results.items():
-            write_split(rows, tmp / f"{name}.parquet")
+            write_split(rows, child_path(tmp, f"{name}.parquet"))
             manifest["splits"][name] = {
                 "file": f"{name}.parquet",
                 "rows": len(rows),

@@ -31,12 +31,23 @@ def latest_run(pipeline_root: str | Path) -> Path | None:
 
 def compile_pipeline(profile: Profile, out: str | Path) -> Path:
     """Write the pipeline spec (IR YAML). Same profile, same bytes."""
+    from ..atomic import atomic_path
+    from ..config import ConfigError
+
     profile.check_pinned()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.yaml")
-    compiler.Compiler().compile(build_pipeline(profile), str(tmp))
-    tmp.replace(out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give the file to write, e.g. {out / 'mazerl-pipeline.yaml'}")
+    if out.suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise ConfigError(f"--out {out}: the pipeline spec is written as YAML or JSON; end the name in .yaml, .yml or .json")
+    # a unique temporary file beside `out` (removed on failure), renamed over it only when complete
+    with atomic_path(out) as tmp:
+        spec = tmp.with_name(tmp.name + out.suffix)  # kfp picks the format from the suffix
+        try:
+            compiler.Compiler().compile(build_pipeline(profile), str(spec))
+            spec.replace(tmp)
+        finally:
+            spec.unlink(missing_ok=True)
     return out
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..envs.actions import ACTIONS
+from ..errors import UserError
 
 GRAMMARS = ("free", "action")
 
 
-class GrammarError(ValueError):
+class GrammarError(UserError, ValueError):
     """The tokenizer cannot express the reply grammar."""
 
 

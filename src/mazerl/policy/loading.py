@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
+
 DEFAULT_CLUSTER_MODEL = "Qwen/Qwen3-VL-8B-Instruct"
 # Named models that ship inside the package (package data): name -> folder under mazerl/assets.
 PACKAGED_MODELS = {"tiny-base": "tiny-base"}
@@ -19,7 +21,7 @@ PROVENANCE_FILE = "provenance.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class PolicyLoadError(ValueError):
+class PolicyLoadError(UserError, ValueError):
     """A model path or processor that cannot be opened; the message names what is missing."""
 
 

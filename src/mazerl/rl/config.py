@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -14,7 +14,7 @@ from ..rollout.multiturn import HistoryConfig
 class PolicyConfig(BaseModel):
     """Which model, and how mazes are shown to it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     model: str = Field(description="model directory or hub id (cluster: Qwen/Qwen3-VL-8B-Instruct)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -54,18 +54,40 @@ class PolicyConfig(BaseModel):
 
             data = dict(data)
             data["model"] = resolve_model_name(data["model"])
-            view = Path(data["model"]) / cls.VIEW_FILE
-            if view.is_file():
-                try:
-                    saved = json.loads(view.read_text(encoding="utf-8"))
-                except (ValueError, UnicodeDecodeError) as err:
-                    raise ValueError(f"{view} is not valid JSON ({err})") from None
-                if not isinstance(saved, dict):
-                    raise ValueError(f"{view} must hold a JSON object of view settings")
-                for key in cls.VIEW_FIELDS:
-                    if key not in data and key in saved:
-                        data[key] = saved[key]
+            saved = cls.saved_view(data["model"]) or {}
+            for key in cls.VIEW_FIELDS:
+                if key not in data and key in saved:
+                    data[key] = saved[key]
         return data
+
+    @classmethod
+    def saved_view(cls, model: str) -> dict | None:
+        """The view settings saved in a model directory (mazerl_policy.json), checked field by field;
+        None when the directory has none. A damaged file is a PolicyLoadError naming it."""
+        import json
+        from pathlib import Path
+
+        from pydantic import ValidationError, create_model
+
+        from ..policy.loading import PolicyLoadError
+
+        view = Path(model) / cls.VIEW_FILE
+        if not view.is_file():
+            return None
+        try:
+            saved = json.loads(view.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise PolicyLoadError(f"{view} is not valid JSON ({err})") from None
+        if not isinstance(saved, dict):
+            raise PolicyLoadError(f"{view} must hold a JSON object of view settings ({', '.join(cls.VIEW_FIELDS)})")
+        fields = {k: (cls.model_fields[k].annotation, cls.model_fields[k]) for k in cls.VIEW_FIELDS}
+        checker = create_model("SavedView", __config__=ConfigDict(allow_inf_nan=False, extra="ignore"), **fields)
+        try:
+            checker.model_validate(saved)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise PolicyLoadError(f"{view} holds invalid view settings ({problems})") from None
+        return {k: saved[k] for k in cls.VIEW_FIELDS if k in saved}
 
     @classmethod
     def for_model(cls, model: str, **overrides) -> "PolicyConfig":
@@ -74,11 +96,11 @@ class PolicyConfig(BaseModel):
 
 
 class OptimConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    lr: float = Field(1e-6, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    lr: float = Field(1e-6, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine floor, as a fraction of lr")
@@ -86,7 +108,7 @@ class OptimConfig(BaseModel):
 
 
 class LoraSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     r: int = Field(16, ge=1)
     alpha: int = Field(32, ge=1)
@@ -97,7 +119,7 @@ class LoraSettings(BaseModel):
 class GRPOConfig(BaseModel):
     """`mazerl train grpo`. Defaults follow SkyRL's VisGym recipe where it applies."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     policy: PolicyConfig
     train_data: str = Field(description="train split parquet")
@@ -121,10 +143,16 @@ class GRPOConfig(BaseModel):
     kl_coef: float = Field(0.0, ge=0.0, description="k3 KL to the initial policy (reference run: 0.005)")
     loss_aggregation: Literal["token-mean", "seq-mean"] = "token-mean"
     scale_advantages_by_std: bool = True
+    episode_advantage_weight: float = Field(
+        1.0, ge=0.0, description="weight of the episode-level (group-normalised episode reward) advantage in every move's "
+        "advantage; 0 with turn_advantage_weight > 0 credits each move only against moves from the same state")
     turn_advantage_weight: float = Field(
         0.0, ge=0.0, description="add this x the turn-level advantage of the state a move was made from (GiGPO's "
         "anchor-state groups: same square, same last move and feedback, within a maze's group); 0: episode-level only")
     turn_gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of the return-to-go behind turn-level advantages")
+    positive_advantages_only: bool = Field(
+        False, description="train only on moves with a positive advantage (reinforce what worked, RAFT-style): a failed "
+        "episode's mostly-correct early moves are not pushed down")
     filter_zero_variance_groups: bool = True
     optim: OptimConfig = OptimConfig()
     lora: LoraSettings | None = None
@@ -140,6 +168,8 @@ class GRPOConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
+        if self.episode_advantage_weight == 0 and self.turn_advantage_weight == 0:
+            raise ValueError("episode_advantage_weight and turn_advantage_weight are both 0: no move would get any credit")
         if self.mini_batch_mazes is not None and self.mazes_per_step % self.mini_batch_mazes:
             raise ValueError(
                 f"mazes_per_step ({self.mazes_per_step}) must be divisible by mini_batch_mazes ({self.mini_batch_mazes})"
@@ -154,7 +184,7 @@ class GRPOConfig(BaseModel):
 class SFTConfig(BaseModel):
     """`mazerl train sft`: behaviour cloning on solver moves, in the same multi-turn chat format."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     policy: PolicyConfig
     train_data: str

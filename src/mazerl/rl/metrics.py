@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
+
+from ..errors import UserError
 
 
 class MetricsWriter:
@@ -19,8 +22,9 @@ class MetricsWriter:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
             os.replace(tmp, self.path)
-        elif resume_step is None and self.path.exists():
-            self.path.unlink()
+        elif resume_step is None and self.path.exists() and self.path.stat().st_size:
+            # Callers start a fresh run only into an empty or explicitly overwritten directory.
+            raise FileExistsError(f"{self.path} holds an earlier run's metrics; refusing to replace them")
         self._fh = open(self.path, "a")
         self._tb = None
         if tensorboard_dir is not None:
@@ -29,13 +33,15 @@ class MetricsWriter:
             self._tb = SummaryWriter(log_dir=str(tensorboard_dir))
 
     def write(self, record: dict) -> None:
-        self._fh.write(json.dumps(record, sort_keys=True) + "\n")
+        # strict JSON: a non-finite number is written as null (json.dumps would write NaN/Infinity)
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._fh.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
         if self._tb is not None:
             step = int(record.get("step", 0))
             for k, v in record.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
 
@@ -45,7 +51,7 @@ class MetricsWriter:
             self._tb.close()
 
 
-class MetricsFileError(ValueError):
+class MetricsFileError(UserError, ValueError):
     """A metrics file damaged somewhere other than its last line."""
 
 

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ..errors import UserError
 from .config import OptimConfig
 
 
@@ -22,3 +23,24 @@ def make_optimizer(params, cfg: OptimConfig, total_steps: int):
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class NonFiniteError(UserError):
+    """A loss or gradient that is NaN or infinite: the step is refused before the weights change."""
+
+
+def clip_and_check(params, max_norm: float, step: int, lr: float) -> float:
+    """Clip gradients to `max_norm` and return their norm before clipping; raise NonFiniteError (the
+    optimizer not yet stepped, nothing saved) when any gradient is NaN or infinite."""
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if not math.isfinite(norm):
+        raise NonFiniteError(f"step {step}: the gradient norm is {norm}; the update was refused before it touched the "
+                             f"weights and nothing was saved. Lower optim.lr (now {lr:g}) or check the inputs")
+    return norm
+
+
+def check_loss(loss: torch.Tensor, step: int, lr: float) -> None:
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise NonFiniteError(f"step {step}: the loss is {value}; the update was refused before it touched the weights "
+                             f"and nothing was saved. Lower optim.lr (now {lr:g}) or check the inputs")

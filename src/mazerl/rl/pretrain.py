@@ -51,14 +51,14 @@ from ..rollout.multiturn import HistoryConfig, RolloutItem, rollout
 from .config import OptimConfig, PolicyConfig
 from .logprobs import token_logprobs
 from .metrics import MetricsWriter
-from .optim import make_optimizer
+from .optim import check_loss, clip_and_check, make_optimizer
 
 POOL_FILE = "pretraining_mazes.parquet"
 PROVENANCE_FILE = "provenance.json"
 
 
 class PoolSize(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     cells: int = Field(ge=2, le=8, description="square mazes of cells x cells")
     count: int = Field(ge=1, le=200_000, description="unique layouts wanted (fewer exist for tiny sizes: all are taken)")
@@ -68,7 +68,7 @@ class PoolSize(BaseModel):
 class PretrainConfig(BaseModel):
     """What `pretrain-tiny` builds and how. Defaults make the shipped tiny-base."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     size: Literal["small", "medium", "base"] = "base"
     seed: int = Field(0, ge=0, description="weights, pool, validation set and data order all derive from it")
@@ -252,11 +252,10 @@ class Pretrainer:
                 batch = self.teacher_batch(step)
                 tl = token_logprobs(self.model, self.tp.chat, batch, with_entropy=False, allowed_ids=self.tp.reply_choices)
                 loss = -tl.logprobs.mean()
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"pretraining loss is {loss.item()} at step {step}: lower optim.lr")
+                check_loss(loss, step, scheduler.get_last_lr()[0])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+                clip_and_check(self.model.parameters(), cfg.optim.max_grad_norm, step, scheduler.get_last_lr()[0])
                 optimizer.step()
                 scheduler.step()
                 record = {"step": step, "loss": loss.item(), "move_accuracy": float(tl.argmax_correct.float().mean()),

@@ -9,12 +9,14 @@ For the tiny model this stands in for the pretraining a real VLM already has.
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from pathlib import Path
 
 import psutil
 import torch
 
+from ..atomic import refuse_inputs_inside
 from ..envs.agents import as_reply, oracle_action, random_action
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
@@ -24,7 +26,7 @@ from .config import SFTConfig
 from .data import MazeSampler
 from .logprobs import token_logprobs
 from .metrics import MetricsWriter
-from .optim import make_optimizer
+from .optim import check_loss, clip_and_check, make_optimizer
 
 
 def teacher_batch(tp, cfg: SFTConfig, df, rows: list[int], step: int):
@@ -47,9 +49,17 @@ def teacher_batch(tp, cfg: SFTConfig, df, rows: list[int], step: int):
     return batch
 
 
-def train_sft(cfg: SFTConfig, on_step=None) -> dict:
+def train_sft(cfg: SFTConfig, on_step=None, overwrite: bool = False) -> dict:
     seed_everything(cfg.seed)
     out = Path(cfg.output_dir)
+    earlier = [out / n for n in ("metrics.jsonl", "tensorboard", "final") if (out / n).exists()]
+    if earlier and not overwrite:
+        raise FileExistsError(f"{out} holds an earlier run ({', '.join(p.name for p in earlier)}); pass --overwrite to "
+                              "replace it, or choose another output_dir")
+    for p in earlier:
+        refuse_inputs_inside(p, {"train_data": cfg.train_data, "eval_data": cfg.eval_data})
+    for p in earlier:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     tp = open_policy(cfg.policy)
     model = tp.policy.model
     df = read_split(cfg.train_data)
@@ -66,9 +76,11 @@ def train_sft(cfg: SFTConfig, on_step=None) -> dict:
             t1 = time.perf_counter()
             tl = token_logprobs(model, tp.chat, batch, allowed_ids=tp.reply_choices)
             loss = -tl.logprobs.mean()
+            lr = scheduler.get_last_lr()[0]
+            check_loss(loss, step, lr)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+            grad_norm = clip_and_check(model.parameters(), cfg.optim.max_grad_norm, step, lr)
             optimizer.step()
             scheduler.step()
             # A reply is right when greedy decoding reproduces every one of its tokens.

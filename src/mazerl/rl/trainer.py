@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -27,16 +28,36 @@ from ..mazes.dataset_io import read_split
 from ..mazes.layout import MOVE_NAMES
 from ..mazes.seeding import derive_seed
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
-from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state
+from ..atomic import refuse_inputs_inside
+from ..errors import UserError
+from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
 from .common import greedy_success, open_policy, rng_state, save_model_dir, seed_everything, set_rng_state
 from .config import GRPOConfig
 from .data import MazeSampler
 from .grpo import group_advantages, grpo_loss, state_group_advantages
 from .logprobs import token_logprobs
 from .metrics import MetricsWriter
-from .optim import make_optimizer
+from .optim import check_loss, clip_and_check, make_optimizer
 
 log = logging.getLogger(__name__)
+
+
+class ResumeError(UserError):
+    """A resume request that cannot be honoured without losing or inventing state."""
+
+
+def check_resume_arg(how: str, checkpoints: Path | None = None) -> Path | None:
+    """`auto` and `never` pass (None); anything else must be an existing checkpoint directory."""
+    if how in ("auto", "never"):
+        return None
+    path = Path(how)
+    if not path.is_dir():
+        example = (checkpoints or Path("OUTPUT_DIR/checkpoints")) / "step-00000010"
+        raise ResumeError(f"--resume {how!r}: not a checkpoint directory; allowed: auto (the latest complete checkpoint), "
+                          f"never (start fresh), or a checkpoint directory such as {example}")
+    return path
+
+
 # Fault injection for the resume test: SIGKILL ourselves right after this step (never set in real runs).
 KILL_AFTER_STEP_ENV = "MAZERL_FAULT_KILL_AFTER_STEP"
 
@@ -112,13 +133,45 @@ class GRPOTrainer:
         return self.checkpoints.save(self.step, self.model, self.tp.policy.processor, trainer_state, state,
                                      view=self.cfg.policy.view())
 
-    def resume(self, how: str) -> int | None:
-        """`auto`: the latest complete checkpoint if any; `never`; or a checkpoint directory."""
-        if how == "never":
-            return None
-        path = self.checkpoints.latest() if how == "auto" else Path(how)
-        if path is None:
-            return None
+    RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "final")  # what a run writes in output_dir
+
+    def _run_files(self) -> list[Path]:
+        return [self.out / n for n in self.RUN_FILES if (self.out / n).exists()
+                and not ((self.out / n).is_dir() and not any((self.out / n).iterdir()))]
+
+    def resume(self, how: str, overwrite: bool = False) -> int | None:
+        """Where the run starts. `auto`: the latest complete checkpoint; `never`: a fresh start; or a
+        checkpoint directory (its manifest hashes verified). A fresh start goes only into an output
+        directory without an earlier run's files, unless `overwrite` (which removes them first);
+        checkpoints that exist but all fail verification are an error, not a silent restart."""
+        if how not in ("auto", "never"):
+            path = check_resume_arg(how, self.checkpoints.root)
+            problem = verify(path)
+            if problem is not None:
+                raise ResumeError(f"--resume {path}: this checkpoint cannot be trusted: {problem}")
+            return self._load_checkpoint(path)
+        if how == "auto":
+            found = self.checkpoints.step_dirs()
+            path = self.checkpoints.latest()
+            if path is not None:
+                return self._load_checkpoint(path)
+            if found and not overwrite:
+                problems = "; ".join(f"{p.name}: {verify(p)}" for _, p in found)
+                raise ResumeError(f"no usable checkpoint in {self.checkpoints.root} ({problems}). Resume from a "
+                                  "checkpoint directory with --resume DIR, or start over with --resume never --overwrite")
+        earlier = self._run_files()
+        if earlier and not overwrite:
+            raise ResumeError(f"{self.out} holds an earlier run ({', '.join(p.name for p in earlier)}) and nothing to "
+                              "resume from; pass --overwrite to replace it, or choose another output_dir")
+        if earlier:
+            inputs = {"train_data": self.cfg.train_data, "eval_data": self.cfg.eval_data}
+            for p in earlier:
+                refuse_inputs_inside(p, inputs)
+            for p in earlier:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return None
+
+    def _load_checkpoint(self, path: Path) -> int:
         trainer_state, state = load_trainer_state(path)
         load_model_weights(self.model, path)
         self.optimizer.load_state_dict(trainer_state["optimizer"])
@@ -156,12 +209,14 @@ class GRPOTrainer:
         """Per episode, per turn: the episode's advantage plus, when turn_advantage_weight > 0, the
         weighted advantage of the move among the group's moves from the same state."""
         cfg = self.cfg
-        out = [[float(episode_adv[i])] * len(t.rewards) for i, t in enumerate(trajs)]
-        if cfg.turn_advantage_weight <= 0:
-            return out
-        step = state_group_advantages([t.group for t in trajs], [turn_state_keys(t) for t in trajs],
-                                      [list(t.rewards) for t in trajs], cfg.turn_gamma)
-        return [[a + cfg.turn_advantage_weight * s for a, s in zip(row, srow)] for row, srow in zip(out, step)]
+        out = [[cfg.episode_advantage_weight * float(episode_adv[i])] * len(t.rewards) for i, t in enumerate(trajs)]
+        if cfg.turn_advantage_weight > 0:
+            step = state_group_advantages([t.group for t in trajs], [turn_state_keys(t) for t in trajs],
+                                          [list(t.rewards) for t in trajs], cfg.turn_gamma)
+            out = [[a + cfg.turn_advantage_weight * s for a, s in zip(row, srow)] for row, srow in zip(out, step)]
+        if cfg.positive_advantages_only:
+            out = [[max(a, 0.0) for a in row] for row in out]
+        return out
 
     def update(self, trajs: list[Trajectory]) -> dict:
         cfg = self.cfg
@@ -170,7 +225,8 @@ class GRPOTrainer:
         adv, zero_var = group_advantages(rewards, groups, cfg.scale_advantages_by_std)
         per_turn = self.turn_advantages(trajs, adv)
         # an episode carries no signal when every one of its turns has advantage 0
-        no_signal = [all(a == 0.0 for a in row) for row in per_turn] if cfg.turn_advantage_weight > 0 else zero_var.tolist()
+        per_turn_signal = cfg.turn_advantage_weight > 0 or cfg.positive_advantages_only or cfg.episode_advantage_weight != 1.0
+        no_signal = [all(a == 0.0 for a in row) for row in per_turn] if per_turn_signal else zero_var.tolist()
         keep = [i for i in range(len(trajs)) if not (cfg.filter_zero_variance_groups and no_signal[i])]
         dropped = torch.tensor([no_signal[i] for i in range(len(trajs))], dtype=torch.bool)
         stats = {"filtered_groups": int(len(torch.unique(groups[zero_var & dropped]))) if cfg.filter_zero_variance_groups else 0,
@@ -216,6 +272,7 @@ class GRPOTrainer:
                     aggregation=cfg.loss_aggregation, token_normaliser=float(n_tokens),
                     seq_normaliser=float(len(members)), seq_lengths=seq_len,
                 )
+                check_loss(loss, self.step + 1, self.scheduler.get_last_lr()[0])
                 loss.backward()
                 k = tl.logprobs.numel()
                 sums["entropy"] += float(tl.entropy.sum())
@@ -225,7 +282,7 @@ class GRPOTrainer:
                 sums["tokens"] += k
                 train_tokens += sum(len(s.ids) for s in samples)
             params = [p for p in self.model.parameters() if p.requires_grad]
-            sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm))
+            sums["grad_norm"] += clip_and_check(params, cfg.optim.max_grad_norm, self.step + 1, self.scheduler.get_last_lr()[0])
             self.optimizer.step()
             self.scheduler.step()
             n_opt += 1
@@ -238,9 +295,9 @@ class GRPOTrainer:
         return stats
 
     # ---- the loop ------------------------------------------------------------------------------
-    def run(self, resume: str = "auto") -> dict:
+    def run(self, resume: str = "auto", overwrite: bool = False) -> dict:
         cfg = self.cfg
-        resumed = self.resume(resume)
+        resumed = self.resume(resume, overwrite)
         metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
         kill_after = int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0)
         proc = psutil.Process()

@@ -15,11 +15,20 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..mazes.seeding import derive_seed
+from ..errors import UserError
 from ..policy.grammar import ActionGrammar, GrammarError
 
 
+DAMAGED = ("the model's next-token scores are NaN or infinite: its weights are damaged (a diverged or corrupted "
+           "checkpoint?); evaluate or resume from an earlier checkpoint")
+
+
+class DamagedModelError(UserError):
+    """A model whose outputs are not finite numbers."""
+
+
 class SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -107,7 +116,12 @@ class HFEngine:
                          for i in chunk]
                 outs = self._choose_actions([requests[i] for i in chunk], params, seeds)
             else:
-                outs = self._generate_batch([requests[i] for i in chunk], params, derive_seed(params.seed, call_id, start))
+                try:
+                    outs = self._generate_batch([requests[i] for i in chunk], params, derive_seed(params.seed, call_id, start))
+                except RuntimeError as err:
+                    if "inf" in str(err) and "nan" in str(err):  # torch.multinomial on non-finite probabilities
+                        raise DamagedModelError(DAMAGED) from None
+                    raise
             for i, out in zip(chunk, outs):
                 results[i] = out
         return results  # type: ignore[return-value]
@@ -143,6 +157,8 @@ class HFEngine:
         finally:
             self.model.train(was_training)
         logits = logits[:, list(g.word_ids)].float().cpu()
+        if not torch.isfinite(logits).all():
+            raise DamagedModelError(DAMAGED)
         temp = 1.0 if params.greedy else params.temperature
         logprobs = torch.log_softmax(logits / temp, dim=-1)
         outs = []
@@ -196,6 +212,8 @@ class HFEngine:
         new = out.sequences[:, width:].cpu()
         temp = params.temperature if sample else 1.0
         logits = torch.stack(out.logits, dim=1).float().cpu() / temp  # (B, T, V)
+        if torch.isnan(logits).any() or torch.isposinf(logits).any():
+            raise DamagedModelError(DAMAGED)
         logits[..., self.banned_ids] = float("-inf")  # as sampled: banned tokens have probability 0
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         results = []

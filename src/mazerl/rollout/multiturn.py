@@ -29,7 +29,7 @@ class HistoryConfig(BaseModel):
     their image (None = all). A Markov policy (the frame shows the whole state) needs turns=0.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
     turns: int | None = Field(None, ge=0)
     images: int | None = Field(None, ge=1)

@@ -1,0 +1,84 @@
+"""What the command line says when something goes wrong: one line for bad input, one line and a
+log file for anything unexpected. Every expected error type derives from `UserError`.
+
+Exit codes (documented in the README): 0 success, 1 a check that ran and failed (a conformance
+mismatch) or an unexpected internal error, 2 bad input (usage, files, configs, data), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import os
+import tempfile
+import traceback
+from pathlib import Path
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+ERROR_LOG_DIR_ENV = "MAZERL_ERROR_LOG_DIR"
+
+
+class UserError(Exception):
+    """Bad input. Its message names what is wrong and what is allowed; no traceback is shown."""
+
+
+_OS_HINTS = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+    errno.ENOSPC: "no space left on the device",
+    errno.ENOENT: "no such file or directory",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.EISDIR: "is a directory, a file was expected",
+    errno.EEXIST: "already exists",
+    errno.ENAMETOOLONG: "file name too long",
+    errno.EDQUOT: "disk quota exceeded",
+}
+
+
+def describe_os_error(err: OSError) -> str:
+    """'cannot use PATH: read-only file system' from an OSError (its path and errno)."""
+    what = _OS_HINTS.get(err.errno or -1, (err.strerror or str(err)).lower())
+    where = err.filename if err.filename is not None else "a file"
+    if err.filename2 is not None:
+        where = f"{err.filename} -> {err.filename2}"
+    return f"cannot use {where}: {what}"
+
+
+def user_message(err: BaseException) -> str | None:
+    """The one-line (or few-line) message for an expected error, or None for an unexpected one."""
+    from pydantic import ValidationError
+
+    if isinstance(err, UserError):
+        return str(err)
+    if isinstance(err, ValidationError):
+        from .config import format_validation_error
+
+        return format_validation_error(err, "(input)")
+    if isinstance(err, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+    if isinstance(err, MemoryError):
+        return "out of memory: the input is larger than this machine can hold; use fewer or smaller mazes"
+    if isinstance(err, OSError):
+        return describe_os_error(err)
+    return None
+
+
+def error_log_dir() -> Path:
+    return Path(os.environ.get(ERROR_LOG_DIR_ENV) or Path(tempfile.gettempdir()) / "mazerl-errors")
+
+
+def write_error_log(err: BaseException, argv: list[str]) -> Path | None:
+    """Save the traceback of an unexpected error; None when even that is impossible."""
+    try:
+        folder = error_log_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path = folder / f"mazerl-{stamp}-{os.getpid()}.log"
+        text = "command: " + " ".join(argv) + "\n\n" + "".join(traceback.format_exception(err))
+        path.write_text(text, encoding="utf-8")
+        return path
+    except OSError:
+        return None
