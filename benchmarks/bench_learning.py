@@ -21,9 +21,10 @@ from mazerl.atomic import write_json
 from mazerl.config import load_config
 from mazerl.evaluation.stats import paired_comparison, wilson_interval
 from mazerl.mazes.dataset_io import read_split
-from mazerl.rl.common import open_policy
-from mazerl.rl.config import GRPOConfig, PolicyConfig
-from mazerl.rl.metrics import read_metrics
+from mazerl.policy.trainable import open_policy
+from mazerl.policy.config import PolicyConfig
+from mazerl.rl.config import GRPOConfig
+from mazerl.metrics import read_metrics
 from mazerl.rl.trainer import GRPOTrainer
 from mazerl.rollout.multiturn import items_from_split, rollout
 
@@ -32,7 +33,7 @@ def greedy_successes(policy: PolicyConfig, split: Path, n: int) -> list[bool]:
     tp = open_policy(policy)
     df = read_split(split)
     items = items_from_split(df, range(min(n, len(df))), policy.render_scale)
-    trajs = rollout(tp.engine, tp.chat, items, sampling=policy.sampling(temperature=0.0), history=policy.history)
+    trajs = rollout(tp.engine, tp.chat, items, sampling=tp.sampling(temperature=0.0), history=policy.history)
     return [bool(t.stats.success) for t in trajs]
 
 

@@ -25,8 +25,9 @@ import psutil
 from mazerl.atomic import write_json
 from mazerl.mazes.splits import DatasetConfig, generate_dataset
 from mazerl.policy.tiny import init_tiny
-from mazerl.rl.common import open_policy
-from mazerl.rl.config import GRPOConfig, PolicyConfig
+from mazerl.policy.trainable import open_policy
+from mazerl.policy.config import PolicyConfig
+from mazerl.rl.config import GRPOConfig
 from mazerl.rl.trainer import GRPOTrainer
 from mazerl.rollout.engine import SamplingParams
 from mazerl.rollout.multiturn import HistoryConfig, items_from_split, rollout
@@ -59,7 +60,7 @@ class PeakRSS:
 def bench_rollout(model: str, split: Path, n: int, max_turns: int) -> dict:
     tp = open_policy(PolicyConfig(model=model, **POLICY))
     items = items_from_split(read_split(split), range(n), 1.28, max_turns)
-    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=0, banned_ids=tuple(tp.chat.banned_reply_ids))
     rollout(tp.engine, tp.chat, items[:2], sampling=params, history=POLICY["history"])  # warm-up
     with PeakRSS() as mem:
         t0 = time.perf_counter()

@@ -343,7 +343,7 @@ def test_samples_are_bounded_by_memory(small_mazes, tmp_path):
 
 
 def test_metrics_are_strict_json(tmp_path):
-    from mazerl.rl.metrics import MetricsWriter, read_metrics
+    from mazerl.metrics import MetricsWriter, read_metrics
 
     w = MetricsWriter(tmp_path / "m.jsonl")
     w.write({"step": 1, "loss": float("inf"), "kl": float("nan"), "ok": 0.5})

@@ -55,15 +55,15 @@ def test_sampler_and_trainer_agree_on_the_constrained_distribution(base_policy):
     engine = HFEngine.from_chat(policy.model, chat)
     grammar = ActionGrammar.from_chat(chat)
     temp = 0.7
-    trajs = rollout(engine, chat, items(2, max_turns=3), group_size=3, history=ONE_TURN,
-                    sampling=SamplingParams(temperature=temp, grammar="action", seed=5))
+    params = SamplingParams(temperature=temp, grammar="action", seed=5)
+    trajs = rollout(engine, chat, items(2, max_turns=3), group_size=3, history=ONE_TURN, sampling=params)
     samples = [s for t in trajs for s in t.samples()]
     with torch.no_grad():
-        tl = token_logprobs(policy.model, chat, samples, temperature=temp, allowed_ids=grammar.word_ids)
+        tl = token_logprobs(policy.model, chat, samples, params, allowed_ids=grammar.word_ids)
     # the on-policy ratio is 1: the trainer renormalises over the same five words at the same temperature
     assert torch.allclose(tl.logprobs, tl.old_logprobs, atol=2e-4)
     assert bool((tl.logprobs < 0).all())
-    free = token_logprobs(policy.model, chat, samples, temperature=temp)
+    free = token_logprobs(policy.model, chat, samples, params)
     assert bool((free.logprobs < tl.logprobs - 1e-3).all())  # without the restriction the mass is spread wider
 
 

@@ -15,7 +15,7 @@ from mazerl.mazes.splits import generate_dataset
 from mazerl.mazes.visgym import load_visgym_fixture, reference_file
 from mazerl.policy import loading
 from mazerl.policy.loading import PolicyLoadError, load_policy, packaged_model_dir
-from mazerl.rl.config import PolicyConfig
+from mazerl.policy.config import PolicyConfig
 from mazerl.rl.pretrain import POOL_FILE, PROVENANCE_FILE, choose_snapshot, evaluation_splits
 
 runner = CliRunner()

@@ -25,12 +25,12 @@ def test_sampled_logprobs_equal_a_training_forward(tiny_policy):
     engine = HFEngine.from_chat(policy.model, chat)
     its = items(2, cells=(3, 3), max_turns=3) + items(1, cells=(4, 4), max_turns=3)
     for history, temperature in ((HistoryConfig(), 1.0), (MARKOV, 0.7)):
-        params = SamplingParams(max_new_tokens=5, seed=3, temperature=temperature)
+        params = SamplingParams(max_new_tokens=5, seed=3, temperature=temperature, banned_ids=tuple(chat.banned_reply_ids))
         trajs = rollout(engine, chat, its, group_size=2, sampling=params, history=history)
         samples = [s for t in trajs for s in t.samples()]
         assert all(s.n_loss_tokens > 0 for s in samples)
         with torch.no_grad():
-            tl = token_logprobs(policy.model, chat, samples, temperature=temperature)
+            tl = token_logprobs(policy.model, chat, samples, params)
         assert torch.allclose(tl.logprobs, tl.old_logprobs, atol=2e-4), (tl.logprobs - tl.old_logprobs).abs().max()
         if history.turns is None:
             assert len(samples) == len(trajs)  # one sequence per episode
@@ -44,7 +44,8 @@ def test_rollouts_are_reproducible_and_seeded(tiny_policy):
 
     def play(seed, temperature=1.0):
         trajs = rollout(engine, chat, its, group_size=2, history=MARKOV,
-                        sampling=SamplingParams(max_new_tokens=6, seed=seed, temperature=temperature))
+                        sampling=SamplingParams(max_new_tokens=6, seed=seed, temperature=temperature,
+                                                        banned_ids=tuple(chat.banned_reply_ids)))
         return [t.replies for t in trajs]
 
     assert play(1) == play(1)
@@ -56,7 +57,7 @@ def test_batched_and_one_at_a_time_rollouts_agree(tiny_policy):
     policy, chat = tiny_policy
     engine = HFEngine.from_chat(policy.model, chat)
     its = items(4, max_turns=3)
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6, banned_ids=tuple(chat.banned_reply_ids))
     batched = rollout(engine, chat, its, sampling=greedy, history=MARKOV)
     single = [rollout(engine, chat, [it], sampling=greedy, history=MARKOV)[0] for it in its]
     assert [t.replies for t in batched] == [t.replies for t in single]
@@ -110,7 +111,7 @@ def test_teacher_rollouts_solve_every_maze_and_mark_what_to_learn(tiny_policy):
 def test_max_new_tokens_cut_is_recorded(tiny_policy):
     policy, chat = tiny_policy
     engine = HFEngine.from_chat(policy.model, chat)
-    trajs = rollout(engine, chat, items(2, max_turns=2), sampling=SamplingParams(max_new_tokens=2), history=MARKOV)
+    trajs = rollout(engine, chat, items(2, max_turns=2), sampling=SamplingParams(max_new_tokens=2, banned_ids=tuple(chat.banned_reply_ids)), history=MARKOV)
     assert sum(t.truncated_replies for t in trajs) >= 1
     for t in trajs:
         samples = t.samples()
@@ -125,3 +126,20 @@ def _truncated_per_turn(traj, chat):
     """Per turn: was the reply cut by max_new_tokens (its closing end-of-turn appended, not sampled)?"""
     replies = [traj.conversation.segments[i] for i in traj.conversation.turn_replies]
     return [not seg.generated[len(seg.ids) - 2] for seg in replies]
+
+
+def test_generation_leaves_the_global_rng_alone_and_keeps_only_sampled_logprobs(tiny_policy):
+    policy, chat = tiny_policy
+    engine = HFEngine.from_chat(policy.model, chat)
+    params = SamplingParams(max_new_tokens=4, seed=2, temperature=1.0, banned_ids=tuple(chat.banned_reply_ids))
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    trajs = rollout(engine, chat, items(2, cells=(3, 3), max_turns=2), sampling=params, history=MARKOV)
+    assert torch.equal(torch.rand(3), expected)  # the trainer's RNG stream is untouched by sampling
+    for t in trajs:
+        for s in t.samples():
+            reply = [lp for lp, m in zip(s.old_logprobs, s.loss_mask) if m]
+            assert reply and all(lp <= 0.0 for lp in reply)
+            banned = set(chat.banned_reply_ids)
+            assert not any(tok in banned for tok, m in zip(s.ids, s.loss_mask) if m)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from mazerl.progress import PREFIX, Progress
-from mazerl.rl.metrics import MetricsFileError, read_metrics
+from mazerl.metrics import MetricsFileError, read_metrics
 from mazerl.task_logs import _Tee, console_line, task_error
 
 

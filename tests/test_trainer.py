@@ -19,7 +19,7 @@ from mazerl.mazes.layout import MOVES
 from mazerl.mazes.solver import solve
 from mazerl.rl.checkpoint import CheckpointManager, verify
 from mazerl.rl.config import GRPOConfig, SFTConfig
-from mazerl.rl.metrics import read_metrics
+from mazerl.metrics import read_metrics
 from mazerl.rl.sft import train_sft
 from mazerl.rl.trainer import KILL_AFTER_STEP_ENV, GRPOTrainer
 
@@ -234,8 +234,67 @@ def test_the_lr_schedule_advances_even_when_every_group_is_filtered(warm_model, 
     cfg = grpo_config(warm_model, one_move_split, tmp_path / "f", mazes_per_step=4, mini_batch_mazes=2,
                       optim={"lr": 1e-3, "warmup_steps": 10})
     trainer = GRPOTrainer(cfg)
-    flat = [SimpleNamespace(reward=1.0, rewards=[1.0], group=g, samples=lambda: []) for g in range(4) for _ in range(cfg.group_size)]
+    flat = [SimpleNamespace(reward=1.0, rewards=[1.0], group=g, samples=lambda: [], weights_version=0) for g in range(4) for _ in range(cfg.group_size)]
     before = trainer.scheduler.last_epoch
     stats = trainer.update(flat)
     assert stats["kept_episodes"] == 0 and stats["filtered_groups"] == 4 and stats["optimizer_steps"] == 0
     assert trainer.scheduler.last_epoch == before + 2  # one schedule step per mini-batch, as if it had trained
+
+
+def test_rollouts_carry_the_weights_version_and_stale_ones_are_refused(warm_model, one_move_split, tmp_path):
+    from types import SimpleNamespace
+
+    from mazerl.rl.trainer import StaleRolloutError
+
+    out = tmp_path / "v"
+    cfg = grpo_config(warm_model, one_move_split, out, steps=2, mazes_per_step=2, recompute_old_logprobs=True)
+    trainer = GRPOTrainer(cfg)
+    trainer.run(resume="never")
+    assert trainer.tp.engine.weights_version == 2  # synced after each of the 2 updates
+    log = read_metrics(out / "metrics.jsonl")
+    assert [r["weights_lag"] for r in log] == [0, 0] and all(r["time/weight_sync"] >= 0 for r in log)
+    fresh = trainer.collect()
+    assert {t.weights_version for t in fresh} == {2}
+    old = [SimpleNamespace(weights_version=1)] * 3
+    with pytest.raises(StaleRolloutError, match=r"version\(s\) \[1\].*max_weights_lag = 0"):
+        trainer.check_versions(old)
+    trainer.cfg = trainer.cfg.model_copy(update={"max_weights_lag": 1})
+    assert trainer.check_versions(old) == 1  # asynchronous rollouts within the allowed lag
+    with pytest.raises(StaleRolloutError):
+        trainer.check_versions([SimpleNamespace(weights_version=3)])  # from the future: never
+
+
+def test_the_in_process_engine_loads_synced_weights(tiny_model_dir):
+    from mazerl.policy.config import PolicyConfig
+    from mazerl.policy.trainable import open_policy
+
+    a = open_policy(PolicyConfig(model=str(tiny_model_dir)))
+    b = open_policy(PolicyConfig(model=str(tiny_model_dir)))
+    with torch.no_grad():
+        for p in a.policy.model.parameters():
+            p.add_(0.01)
+    b.engine.sync_weights({k: v.clone() for k, v in a.policy.model.state_dict().items()}, version=7)
+    assert b.engine.weights_version == 7
+    assert all(torch.equal(x, y) for x, y in zip(a.policy.model.state_dict().values(), b.policy.model.state_dict().values()))
+
+
+def test_a_lora_run_killed_and_resumed_matches_an_uninterrupted_one(warm_model, one_move_split, tmp_path):
+    """Adapters are checkpointed with peft's state-dict functions; resuming loads them (not the base)."""
+    from peft import get_peft_model_state_dict
+
+    from mazerl.rl.checkpoint import CheckpointMismatchError, load_model_weights
+
+    lora = {"r": 4, "alpha": 8}
+    straight = GRPOTrainer(grpo_config(warm_model, one_move_split, tmp_path / "a", steps=3, lora=lora, checkpoint_every=1))
+    straight.run(resume="never")
+    first = GRPOTrainer(grpo_config(warm_model, one_move_split, tmp_path / "b", steps=2, lora=lora, checkpoint_every=1))
+    first.run(resume="never")
+    assert (tmp_path / "b" / "checkpoints" / "step-00000002" / "model" / "adapter_model.safetensors").is_file()
+    resumed = GRPOTrainer(grpo_config(warm_model, one_move_split, tmp_path / "b", steps=3, lora=lora, checkpoint_every=1))
+    resumed.run(resume="auto")
+    a = get_peft_model_state_dict(straight.model)
+    b = get_peft_model_state_dict(resumed.model)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    full = GRPOTrainer(grpo_config(warm_model, one_move_split, tmp_path / "c", steps=1))
+    with pytest.raises(CheckpointMismatchError, match="does not fit"):
+        load_model_weights(full.model, tmp_path / "b" / "checkpoints" / "step-00000003")

@@ -391,7 +391,7 @@ def eval_cmd(
     from .config import format_validation_error
     from .evaluation.report import eval_tables
     from .evaluation.runner import EvalConfig, evaluate
-    from .rl.config import PolicyConfig
+    from .policy.config import PolicyConfig
 
     if not data or out is None:
         _fail("give --data SPLIT.parquet (one or more) and --out DIR")

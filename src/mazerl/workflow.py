@@ -180,7 +180,7 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
     generated split, and the VisGym reference splits in full (their fixed 64) unless `reference_mazes` > 0."""
     from .evaluation.runner import EvalConfig
     from .evaluation.runner import evaluate as run_eval
-    from .rl.config import PolicyConfig
+    from .policy.config import PolicyConfig
 
     data = sorted(str(p) for p in Path(data_dir).glob("*.parquet") if p.stem != "train")
     if not data:

@@ -24,7 +24,7 @@ from ..envs.maze_env import EnvConfig, MazeEnv
 from ..mazes.dataset_io import read_split, records
 from ..mazes.layout import MazeError
 from ..mazes.seeding import derive_seed
-from ..rl.config import PolicyConfig
+from ..policy.config import PolicyConfig
 from ..rollout.multiturn import items_from_split, rollout
 from .episodes import episode_row
 from .report import write_eval_report
@@ -118,7 +118,7 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
     rows: list[dict] = []
     tp = None
     if cfg.policy == "model":
-        from ..rl.common import open_policy
+        from ..policy.trainable import open_policy
 
         tp = open_policy(cfg.model)  # type: ignore[arg-type]
     episodes_played = 0
@@ -140,7 +140,7 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
 
         if cfg.policy == "model":
             assert tp is not None and cfg.model is not None
-            greedy = rollout(tp.engine, tp.chat, items, sampling=cfg.model.sampling(temperature=0.0),
+            greedy = rollout(tp.engine, tp.chat, items, sampling=tp.sampling(temperature=0.0),
                              env_config=cfg.env, history=cfg.model.history, on_turn=turn_progress)
             runs = [(0, True, [t.stats for t in greedy])]
             if cfg.samples:
@@ -169,7 +169,7 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
     }
     metrics = None
     if metrics_log is not None:
-        from ..rl.metrics import read_metrics
+        from ..metrics import read_metrics
 
         metrics = read_metrics(metrics_log)
     with atomic_directory(cfg.out, overwrite=cfg.overwrite) as tmp:
@@ -187,7 +187,7 @@ def _sampled_runs(tp, cfg: EvalConfig, items, progress, split: str) -> list[tupl
     chunk = max(1, SAMPLE_CHUNK_EPISODES // cfg.samples)
     for first in range(0, len(items), chunk):
         part = items[first : first + chunk]
-        sampling = cfg.model.sampling(temperature=cfg.temperature, seed=derive_seed(cfg.seed, "eval", split, first))
+        sampling = tp.sampling(temperature=cfg.temperature, seed=derive_seed(cfg.seed, "eval", split, first))
         sampled = rollout(tp.engine, tp.chat, part, group_size=cfg.samples, env_config=cfg.env,
                           history=cfg.model.history, sampling=sampling)
         for k in range(cfg.samples):

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_directory, write_json, write_text
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -112,10 +113,29 @@ def load_trainer_state(path: Path) -> tuple[dict, dict]:
     return trainer_state, state
 
 
+class CheckpointMismatchError(UserError, ValueError):
+    """A checkpoint whose weights do not belong to the model being trained."""
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
 def load_model_weights(model, path: Path) -> None:
-    """Copy a checkpoint's safetensors weights into `model` in place (strict: every key must match)."""
+    """Copy a checkpoint's safetensors weights into `model` in place (strict: every key must match).
+    A LoRA model's checkpoint holds its adapters only, saved and loaded with peft's own functions."""
     from safetensors.torch import load_file
 
+    if is_lora(model):
+        from peft import set_peft_model_state_dict
+
+        adapter = path / "model" / "adapter_model.safetensors"
+        if not adapter.is_file():
+            raise CheckpointMismatchError(f"checkpoint {path} holds no LoRA adapters (adapter_model.safetensors): it is not from a LoRA run")
+        result = set_peft_model_state_dict(model, load_file(adapter))
+        if result.unexpected_keys:
+            raise CheckpointMismatchError(f"checkpoint {path} does not fit the LoRA model: unexpected {result.unexpected_keys[:5]}")
+        return
     weights: dict[str, torch.Tensor] = {}
     for f in sorted((path / "model").glob("*.safetensors")):
         weights.update(load_file(f))
@@ -123,4 +143,4 @@ def load_model_weights(model, path: Path) -> None:
     # Tied or non-persistent buffers may be absent from the file; anything else is a real mismatch.
     real_missing = [k for k in missing if not k.endswith("inv_freq")]
     if real_missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not fit the model: missing {real_missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointMismatchError(f"checkpoint {path} does not fit the model (another model or a LoRA run?): missing {real_missing[:5]}, unexpected {unexpected[:5]}")

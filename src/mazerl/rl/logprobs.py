@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..policy.chat import ChatFormat, PackedSample
-from ..rollout.engine import vision_inputs
+from ..rollout.engine import SamplingParams, vision_inputs
 
 
 @dataclass
@@ -28,11 +28,12 @@ def _backbone_and_head(model):
     return base.model, base.lm_head
 
 
-def token_logprobs(model, chat: ChatFormat, samples: list[PackedSample], with_entropy: bool = True,
-                   temperature: float = 1.0, allowed_ids: list[int] | tuple[int, ...] | None = None) -> TokenLogprobs:
+def token_logprobs(model, chat: ChatFormat, samples: list[PackedSample], sampling: SamplingParams,
+                   with_entropy: bool = True, allowed_ids: list[int] | tuple[int, ...] | None = None) -> TokenLogprobs:
     """Run the model on `samples` (right-padded into one batch) and score their loss tokens.
 
-    `temperature` must be the one the tokens were sampled at, so that on-policy ratios are 1.
+    `sampling` must be what the tokens were sampled with (its temperature and banned tokens), so
+    that on-policy ratios are 1.
     `allowed_ids`: the tokens the sampler could choose from at every loss position (the action
     grammar's words); the distribution is renormalised over them, exactly as sampled."""
     device = next(model.parameters()).device
@@ -59,8 +60,9 @@ def token_logprobs(model, chat: ChatFormat, samples: list[PackedSample], with_en
     backbone, head = _backbone_and_head(model)
     hidden = backbone(**inputs).last_hidden_state  # (n, width, H)
     rows, cols = loss_mask.nonzero(as_tuple=True)  # token at `cols` is predicted from position cols-1
+    temperature = 1.0 if sampling.greedy else sampling.temperature
     logits = head(hidden[rows.to(device), (cols - 1).to(device)]).float() / temperature
-    logits[:, chat.banned_reply_ids] = float("-inf")  # the sampler never draws them either
+    logits[:, list(sampling.banned_ids)] = float("-inf")  # the sampler never draws them either
     if allowed_ids is not None:
         keep = torch.full_like(logits, float("-inf"))
         keep[:, list(allowed_ids)] = 0.0

@@ -50,7 +50,7 @@ from ..mazes.visgym import VISGYM_MAX_TURNS
 from ..rollout.multiturn import HistoryConfig, RolloutItem, rollout
 from .config import OptimConfig, PolicyConfig
 from .logprobs import token_logprobs
-from .metrics import MetricsWriter
+from ..metrics import MetricsWriter
 from .optim import check_loss, clip_and_check, make_optimizer
 
 POOL_FILE = "pretraining_mazes.parquet"
@@ -162,7 +162,8 @@ def draw_mazes(cells: int, count: int, algorithm: str, seed: int, stream: str, e
 class Pretrainer:
     def __init__(self, cfg: PretrainConfig, out: Path, reference: str | Path | None, log=print):
         from ..policy.tiny import init_tiny
-        from .common import open_policy, seed_everything
+        from ..policy.trainable import open_policy
+        from .common import seed_everything
 
         self.cfg, self.out, self.log = cfg, out, log
         seed_everything(cfg.seed)
@@ -213,7 +214,7 @@ class Pretrainer:
             return as_reply(oracle_action(env)), True
 
         trajs = rollout(None, self.tp.chat, items, teacher=teacher, env_config=EnvConfig(render=self.render),
-                        history=self.view.history, sampling=self.view.sampling())
+                        history=self.view.history, sampling=self.tp.sampling())
         batch = []
         for tr in trajs:
             learned = [s for s in tr.samples() if s.n_loss_tokens]
@@ -226,7 +227,7 @@ class Pretrainer:
         items = [RolloutItem(MazeTask.build(m, self.render), str(i), VISGYM_MAX_TURNS) for i, m in enumerate(mazes)]
         self.model.eval()
         try:
-            trajs = rollout(self.tp.engine, self.tp.chat, items, sampling=self.view.sampling(temperature=temperature, seed=seed),
+            trajs = rollout(self.tp.engine, self.tp.chat, items, sampling=self.tp.sampling(temperature=temperature, seed=seed),
                             env_config=EnvConfig(render=self.render), history=self.view.history)
         finally:
             self.model.train()
@@ -239,7 +240,7 @@ class Pretrainer:
                 "loop_rate": sum(t.stats.loop for t in trajs) / len(trajs)}
 
     def run(self, on_step=None) -> dict:
-        from .common import save_model_dir
+        from ..policy.trainable import save_model_dir
 
         cfg = self.cfg
         optimizer, scheduler = make_optimizer(list(self.model.parameters()), cfg.optim, cfg.schedule_steps)
@@ -250,7 +251,8 @@ class Pretrainer:
         try:
             for step in range(1, cfg.steps + 1):
                 batch = self.teacher_batch(step)
-                tl = token_logprobs(self.model, self.tp.chat, batch, with_entropy=False, allowed_ids=self.tp.reply_choices)
+                tl = token_logprobs(self.model, self.tp.chat, batch, self.tp.sampling(temperature=1.0), with_entropy=False,
+                                    allowed_ids=self.tp.reply_choices)
                 loss = -tl.logprobs.mean()
                 check_loss(loss, step, scheduler.get_last_lr()[0])
                 optimizer.zero_grad(set_to_none=True)
@@ -330,7 +332,7 @@ def pretrain_tiny(cfg: PretrainConfig, out: str | Path, *, reference: str | Path
         log(f"shipping step {chosen['step']}: {why}")
         # Measure the chosen snapshot on the default preset's heldout mazes (what `make demo` evaluates).
         from ..mazes.splits import generate_dataset
-        from .common import open_policy
+        from ..policy.trainable import open_policy
 
         trainer.tp = open_policy(trainer.view.model_copy(update={"model": chosen["path"]}))
         trainer.model = trainer.tp.policy.model

@@ -21,11 +21,12 @@ from ..envs.agents import as_reply, oracle_action, random_action
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..rollout.multiturn import items_from_split, rollout
-from .common import greedy_success, open_policy, save_model_dir, seed_everything
+from ..policy.trainable import open_policy, save_model_dir
+from .common import greedy_success, seed_everything
 from .config import SFTConfig
 from .data import MazeSampler
 from .logprobs import token_logprobs
-from .metrics import MetricsWriter
+from ..metrics import MetricsWriter
 from .optim import check_loss, clip_and_check, make_optimizer
 
 
@@ -40,7 +41,7 @@ def teacher_batch(tp, cfg: SFTConfig, df, rows: list[int], step: int):
         return as_reply(oracle_action(env)), True
 
     trajs = rollout(None, tp.chat, items, teacher=teacher, env_config=cfg.env, history=cfg.policy.history,
-                    sampling=cfg.policy.sampling())
+                    sampling=tp.sampling())
     batch = []
     for tr in trajs:
         learned = [s for s in tr.samples() if s.n_loss_tokens]
@@ -74,7 +75,7 @@ def train_sft(cfg: SFTConfig, on_step=None, overwrite: bool = False) -> dict:
             t0 = time.perf_counter()
             batch = teacher_batch(tp, cfg, df, sampler.next(cfg.batch_size), step)
             t1 = time.perf_counter()
-            tl = token_logprobs(model, tp.chat, batch, allowed_ids=tp.reply_choices)
+            tl = token_logprobs(model, tp.chat, batch, tp.sampling(temperature=1.0), allowed_ids=tp.reply_choices)
             loss = -tl.logprobs.mean()
             lr = scheduler.get_last_lr()[0]
             check_loss(loss, step, lr)

@@ -19,27 +19,47 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import torch
 
+from ..atomic import refuse_inputs_inside
+from ..errors import UserError
 from ..mazes.dataset_io import read_split
 from ..mazes.layout import MOVE_NAMES
 from ..mazes.seeding import derive_seed
+from ..metrics import MetricsWriter
+from ..policy.chat import PackedSample
+from ..policy.trainable import open_policy, save_model_dir
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
-from ..atomic import refuse_inputs_inside
-from ..errors import UserError
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
-from .common import greedy_success, open_policy, rng_state, save_model_dir, seed_everything, set_rng_state
+from .common import greedy_success, rng_state, seed_everything, set_rng_state
 from .config import GRPOConfig
 from .data import MazeSampler
 from .grpo import group_advantages, grpo_loss, state_group_advantages
 from .logprobs import token_logprobs
-from .metrics import MetricsWriter
 from .optim import check_loss, clip_and_check, make_optimizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class MiniBatch:
+    """What one optimizer step trains on: packed samples with their per-token advantages, and the
+    normalisers of the whole mini-batch (so gradient accumulation and sharding do not change the loss)."""
+
+    samples: list[PackedSample]
+    episode: list[int]  # per sample: its trajectory index (sequence id for seq-mean aggregation)
+    token_advantages: list[torch.Tensor]  # per sample: one advantage per loss token
+    tokens: int  # loss tokens in the mini-batch
+    episodes: int  # trajectories in the mini-batch
+    episode_tokens: torch.Tensor  # per trajectory index: its loss tokens in the mini-batch
+
+
+class StaleRolloutError(UserError):
+    """Trajectories sampled with weights older than the trainer allows."""
 
 
 class ResumeError(UserError):
@@ -188,7 +208,7 @@ class GRPOTrainer:
         cfg = self.cfg
         rows = self.sampler.next(cfg.mazes_per_step)
         items = items_from_split(self.train_df, rows, cfg.policy.render_scale, cfg.max_turns)
-        sampling = cfg.policy.sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+        sampling = self.tp.sampling(temperature=cfg.temperature, top_p=cfg.top_p,
                                        seed=derive_seed(cfg.seed, "rollout", self.step + 1))
         return rollout(self.tp.engine, self.chat, items, group_size=cfg.group_size, sampling=sampling,
                        env_config=cfg.env, history=cfg.policy.history)
@@ -218,7 +238,21 @@ class GRPOTrainer:
             out = [[max(a, 0.0) for a in row] for row in out]
         return out
 
-    def update(self, trajs: list[Trajectory]) -> dict:
+    # ---- the driver's part of an update: advantages, filtering, mini-batches ----------------------
+    def check_versions(self, trajs: list[Trajectory]) -> int:
+        """Every trajectory must come from the current weights, or lag them by at most
+        `max_weights_lag` updates (asynchronous rollouts); returns the largest lag seen."""
+        lag = max((self.step - t.weights_version for t in trajs), default=0)
+        if lag > self.cfg.max_weights_lag or any(t.weights_version > self.step for t in trajs):
+            versions = sorted({t.weights_version for t in trajs})
+            raise StaleRolloutError(f"step {self.step + 1}: trajectories were sampled with weights version(s) {versions}, "
+                                    f"the trainer is at version {self.step}; allowed lag: max_weights_lag = "
+                                    f"{self.cfg.max_weights_lag}")
+        return lag
+
+    def mini_batches(self, trajs: list[Trajectory]) -> tuple[list[MiniBatch], dict]:
+        """Group-normalised advantages per turn, zero-signal episodes dropped, then one MiniBatch per
+        optimizer step (`mini_batch_mazes` mazes each, all when unset)."""
         cfg = self.cfg
         rewards = torch.tensor([t.reward for t in trajs])
         groups = torch.tensor([t.group for t in trajs])
@@ -232,72 +266,107 @@ class GRPOTrainer:
         stats = {"filtered_groups": int(len(torch.unique(groups[zero_var & dropped]))) if cfg.filter_zero_variance_groups else 0,
                  "kept_episodes": len(keep)}
         mini = cfg.mini_batch_mazes or cfg.mazes_per_step
-        choices = self.tp.reply_choices
-        sums = {"entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "grad_norm": 0.0, "tokens": 0}
-        n_opt = 0
-        train_tokens = 0
+        batches = []
         for first_group in range(0, cfg.mazes_per_step, mini):
             members = [i for i in keep if first_group <= trajs[i].group < first_group + mini]
-            batch = [(s, i) for i in members for s in self._update_samples(trajs[i], i)]
-            if not batch:
-                # Every group of this mini-batch had no signal: no update, but the schedule advances
-                # as if there were one, so the learning rate never depends on how many groups were filtered.
-                self.scheduler.step()
-                continue
-            n_tokens = sum(s.n_loss_tokens for s, _ in batch)
+            pairs = [(s, i) for i in members for s in self._update_samples(trajs[i], i)]
             seq_len = torch.zeros(len(trajs), dtype=torch.long)
-            for s, i in batch:
-                seq_len[i] += s.n_loss_tokens
-            self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(batch), cfg.micro_batch):
-                micro = batch[start : start + cfg.micro_batch]
-                samples = [s for s, _ in micro]
-                traj_of_row = torch.tensor([i for _, i in micro])
-                ref = None
-                if cfg.kl_coef > 0:
-                    with torch.no_grad():
-                        if self.reference is not None:
-                            ref = token_logprobs(self.reference, self.chat, samples, False, cfg.temperature, choices).logprobs
-                        else:
-                            with self.model.disable_adapter():
-                                ref = token_logprobs(self.model, self.chat, samples, False, cfg.temperature, choices).logprobs
-                tl = token_logprobs(self.model, self.chat, samples, temperature=cfg.temperature, allowed_ids=choices)
-                seq = traj_of_row[tl.sample_index.cpu()]
-                # loss tokens come row by row, left to right: the same order as this walk over the masks
-                token_adv = torch.tensor([per_turn[i][s.token_turns[c] - 1] for s, i in micro
-                                          for c, m in enumerate(s.loss_mask) if m], dtype=torch.float32)
-                loss, ls = grpo_loss(
-                    tl.logprobs, tl.old_logprobs, token_adv.to(tl.logprobs.device), seq,
-                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
-                    aggregation=cfg.loss_aggregation, token_normaliser=float(n_tokens),
-                    seq_normaliser=float(len(members)), seq_lengths=seq_len,
-                )
-                check_loss(loss, self.step + 1, self.scheduler.get_last_lr()[0])
-                loss.backward()
-                k = tl.logprobs.numel()
-                sums["entropy"] += float(tl.entropy.sum())
-                sums["kl"] += ls.kl * k
-                sums["clip_fraction"] += ls.clip_fraction * k
-                sums["pg_loss"] += ls.pg_loss * k
-                sums["tokens"] += k
-                train_tokens += sum(len(s.ids) for s in samples)
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            sums["grad_norm"] += clip_and_check(params, cfg.optim.max_grad_norm, self.step + 1, self.scheduler.get_last_lr()[0])
-            self.optimizer.step()
+            for smp, i in pairs:
+                seq_len[i] += smp.n_loss_tokens
+            # loss tokens come row by row, left to right: the order token_logprobs returns them in
+            token_adv = [torch.tensor([per_turn[i][smp.token_turns[c] - 1] for c, m in enumerate(smp.loss_mask) if m],
+                                      dtype=torch.float32) for smp, i in pairs]
+            batches.append(MiniBatch(samples=[smp for smp, _ in pairs], episode=[i for _, i in pairs], token_advantages=token_adv,
+                                     tokens=sum(smp.n_loss_tokens for smp, _ in pairs), episodes=len(members), episode_tokens=seq_len))
+        return batches, stats
+
+    # ---- the worker's part: forward, backward, optimizer (in-process here; a rank under Ray) ----
+    def train_step(self, batch: MiniBatch, sampling) -> dict:
+        """One optimizer step on one mini-batch (gradient accumulation over micro-batches). An empty
+        mini-batch still advances the learning-rate schedule, so the schedule never depends on how
+        many groups were filtered."""
+        cfg = self.cfg
+        sums = {"entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "tokens": 0, "train_tokens": 0}
+        if not batch.samples:
             self.scheduler.step()
-            n_opt += 1
-        t = max(1, sums["tokens"])
+            return {**sums, "grad_norm": None}
+        choices = self.tp.reply_choices
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(batch.samples), cfg.micro_batch):
+            samples = batch.samples[start : start + cfg.micro_batch]
+            traj_of_row = torch.tensor(batch.episode[start : start + cfg.micro_batch])
+            ref = None
+            if cfg.kl_coef > 0:
+                with torch.no_grad():
+                    if self.reference is not None:
+                        ref = token_logprobs(self.reference, self.chat, samples, sampling, False, choices).logprobs
+                    else:
+                        with self.model.disable_adapter():
+                            ref = token_logprobs(self.model, self.chat, samples, sampling, False, choices).logprobs
+            tl = token_logprobs(self.model, self.chat, samples, sampling, allowed_ids=choices)
+            old = tl.old_logprobs
+            if cfg.recompute_old_logprobs:
+                with torch.no_grad():  # the trainer's own numbers for the behaviour policy (an engine's differ slightly)
+                    old = token_logprobs(self.model, self.chat, samples, sampling, False, choices).logprobs.detach()
+            seq = traj_of_row[tl.sample_index.cpu()]
+            token_adv = torch.cat(batch.token_advantages[start : start + cfg.micro_batch])
+            loss, ls = grpo_loss(
+                tl.logprobs, old, token_adv.to(tl.logprobs.device), seq,
+                clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
+                aggregation=cfg.loss_aggregation, token_normaliser=float(batch.tokens),
+                seq_normaliser=float(batch.episodes), seq_lengths=batch.episode_tokens,
+            )
+            check_loss(loss, self.step + 1, self.scheduler.get_last_lr()[0])
+            loss.backward()
+            k = tl.logprobs.numel()
+            sums["entropy"] += float(tl.entropy.sum())
+            sums["kl"] += ls.kl * k
+            sums["clip_fraction"] += ls.clip_fraction * k
+            sums["pg_loss"] += ls.pg_loss * k
+            sums["tokens"] += k
+            sums["train_tokens"] += sum(len(smp.ids) for smp in samples)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = clip_and_check(params, cfg.optim.max_grad_norm, self.step + 1, self.scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.scheduler.step()
+        return {**sums, "grad_norm": grad_norm}
+
+    def update(self, trajs: list[Trajectory]) -> dict:
+        """Driver (advantages, mini-batches) then one worker step per mini-batch."""
+        cfg = self.cfg
+        lag = self.check_versions(trajs)
+        batches, stats = self.mini_batches(trajs)
+        sampling = self.tp.sampling(temperature=cfg.temperature, top_p=cfg.top_p)  # what the rollouts sampled with
+        totals = {"entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "tokens": 0, "train_tokens": 0}
+        norms = []
+        for batch in batches:
+            out = self.train_step(batch, sampling)
+            for k in totals:
+                totals[k] += out[k]
+            if out["grad_norm"] is not None:
+                norms.append(out["grad_norm"])
+        t = max(1, totals["tokens"])
         stats.update(
-            entropy=sums["entropy"] / t, kl=sums["kl"] / t, clip_fraction=sums["clip_fraction"] / t,
-            pg_loss=sums["pg_loss"] / t, grad_norm=sums["grad_norm"] / max(1, n_opt), optimizer_steps=n_opt,
-            loss_tokens=sums["tokens"], train_tokens=train_tokens, lr=self.scheduler.get_last_lr()[0],
+            entropy=totals["entropy"] / t, kl=totals["kl"] / t, clip_fraction=totals["clip_fraction"] / t,
+            pg_loss=totals["pg_loss"] / t, grad_norm=sum(norms) / max(1, len(norms)), optimizer_steps=len(norms),
+            loss_tokens=totals["tokens"], train_tokens=totals["train_tokens"], lr=self.scheduler.get_last_lr()[0],
+            weights_lag=lag,
         )
         return stats
+
+    def sync_weights(self) -> float:
+        """After an update: the rollout engine serves the new weights, tagged with the new version."""
+        t0 = time.perf_counter()
+        # the in-process engine serves this very module, so there is nothing to copy; a remote engine
+        # (a Ray rollout actor) receives the gathered state dict instead
+        self.tp.engine.sync_weights(None, version=self.step)
+        return time.perf_counter() - t0
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self, resume: str = "auto", overwrite: bool = False) -> dict:
         cfg = self.cfg
         resumed = self.resume(resume, overwrite)
+        self.tp.engine.sync_weights(None, version=self.step)  # version = updates applied so far
         metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
         kill_after = int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0)
         proc = psutil.Process()
@@ -313,8 +382,9 @@ class GRPOTrainer:
                 trajs = self.collect()
                 t1 = time.perf_counter()
                 upd = self.update(trajs)
-                t2 = time.perf_counter()
                 self.step += 1
+                upd["time/weight_sync"] = self.sync_weights()
+                t2 = time.perf_counter()
                 context_tokens = sum(len(s.ids) for t in trajs for s in t.samples())
                 record = {"step": self.step, **episode_metrics(trajs), **upd,
                           "time/rollout": t1 - t0, "time/update": t2 - t1,

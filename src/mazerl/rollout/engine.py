@@ -13,6 +13,7 @@ from typing import Literal, Protocol
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..mazes.seeding import derive_seed
 from ..errors import UserError
@@ -27,6 +28,36 @@ class DamagedModelError(UserError):
     """A model whose outputs are not finite numbers."""
 
 
+class _SampledLogprobs(LogitsProcessor):
+    """Records the log-probability of each sampled token and nothing else: the scores of step t are
+    kept only until step t+1's input reveals the drawn token, so memory is 2 x batch x vocabulary,
+    not batch x new tokens x vocabulary (~40 GB for 64 x 1,024 x 151,936 in fp32). It runs after the
+    banned-token suppression and before temperature, so it applies the temperature itself."""
+
+    def __init__(self, temperature: float, banned_ids: tuple[int, ...]):
+        self.temperature = temperature
+        self.banned = list(banned_ids)
+        self.previous: torch.Tensor | None = None
+        self.taken: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.previous is not None:
+            self.taken.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        if torch.isnan(scores).any() or torch.isposinf(scores).any():
+            raise DamagedModelError(DAMAGED)
+        z = scores.float() / self.temperature
+        z[:, self.banned] = float("-inf")  # as sampled: banned tokens have probability 0
+        self.previous = torch.log_softmax(z, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """(batch, new tokens) log-probabilities, once generation is over."""
+        if self.previous is not None:
+            self.taken.append(self.previous.gather(-1, sequences[:, -1:]).squeeze(-1))
+            self.previous = None
+        return torch.stack(self.taken, dim=1) if self.taken else torch.zeros((sequences.shape[0], 0))
+
+
 class SamplingParams(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
@@ -36,6 +67,8 @@ class SamplingParams(BaseModel):
     seed: int = Field(0, ge=0)
     grammar: Literal["free", "action"] = Field(
         "free", description="'action': replies are exactly <action>WORD</action> (policy.grammar)")
+    banned_ids: tuple[int, ...] = Field(
+        (), description="token ids never sampled; the trainer's log-probabilities give them probability 0 too")
 
     @property
     def greedy(self) -> bool:
@@ -55,6 +88,7 @@ class GenerationOutput:
     logprobs: list[float]  # log p(token) under softmax(logits / temperature) (temperature 1 when greedy)
     finished: bool  # True when the model ended its turn itself (not cut by max_new_tokens)
     forced: list[bool] | None = None  # per token: fixed by the reply grammar, not sampled (None: all sampled)
+    weights_version: int = 0  # the engine's weights version when it sampled this
 
 
 class InferenceEngine(Protocol):
@@ -63,8 +97,11 @@ class InferenceEngine(Protocol):
         same requests -> same tokens."""
         ...
 
-    def sync_weights(self) -> None:
-        """Make the engine generate with the trainer's current weights."""
+    weights_version: int  # updates applied to the weights it samples with
+
+    def sync_weights(self, weights: dict[str, torch.Tensor] | None, version: int) -> None:
+        """Generate with the trainer's weights after `version` updates from now on. `weights`: a full
+        state dict to load; None when the engine serves the trainer's own module (in-process)."""
         ...
 
 
@@ -80,14 +117,14 @@ class HFEngine:
     """transformers `generate` with a KV cache, batched with left padding."""
 
     def __init__(self, model, image_processor, end_of_turn_id: int, pad_id: int, image_token_id: int,
-                 banned_ids: list[int], max_batch: int = 64, grammar: ActionGrammar | None = None):
+                 max_batch: int = 64, grammar: ActionGrammar | None = None):
         self.model = model
         self.grammar = grammar  # needed for SamplingParams(grammar="action")
+        self.weights_version = 0
         self.image_processor = image_processor
         self.end_id = end_of_turn_id
         self.pad_id = pad_id
         self.image_token_id = image_token_id
-        self.banned_ids = list(banned_ids)
         self.max_batch = max_batch
 
     @classmethod
@@ -96,11 +133,13 @@ class HFEngine:
             grammar = ActionGrammar.from_chat(chat)
         except GrammarError:
             grammar = None  # free-form replies only; asking for the grammar then fails clearly
-        return cls(model, chat.image_processor, chat.im_end, chat.pad_id, chat.image_pad, chat.banned_reply_ids, max_batch,
+        return cls(model, chat.image_processor, chat.im_end, chat.pad_id, chat.image_pad, max_batch,
                    grammar)
 
-    def sync_weights(self) -> None:
-        pass  # shares the trainer's module
+    def sync_weights(self, weights: dict[str, torch.Tensor] | None, version: int) -> None:
+        if weights is not None:  # a separate copy of the model (e.g. in a rollout actor): load them
+            self.model.load_state_dict(weights, strict=True)
+        self.weights_version = version
 
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], params: SamplingParams, call_id: int = 0) -> list[GenerationOutput]:
@@ -171,7 +210,7 @@ class HFEngine:
             ids = g.reply(k)
             forced = g.forced()
             lps = [0.0 if f else float(logprobs[row, k]) for f in forced]
-            outs.append(GenerationOutput(ids=ids, logprobs=lps, finished=True, forced=forced))
+            outs.append(GenerationOutput(ids=ids, logprobs=lps, finished=True, forced=forced, weights_version=self.weights_version))
         return outs
 
     def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams, seed: int) -> list[GenerationOutput]:
@@ -194,28 +233,27 @@ class HFEngine:
             do_sample=sample,
             eos_token_id=self.end_id,
             pad_token_id=self.pad_id,
-            output_logits=True,
             return_dict_in_generate=True,
-            suppress_tokens=self.banned_ids,
+            suppress_tokens=list(params.banned_ids) or None,
         )
         if sample:
             gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         else:
             gen_kwargs.update(temperature=None, top_p=None, top_k=None)
-        torch.manual_seed(seed)  # generate() samples from the global generator
+        recorder = _SampledLogprobs(params.temperature if sample else 1.0, params.banned_ids)
         was_training = self.model.training
         self.model.eval()
+        # generate() samples from the global generator: seed it inside a fork, so the process's RNG
+        # (the trainer's, the data sampler's) is left exactly as it was
+        devices = [device] if device.type == "cuda" else []
         try:
-            out = self.model.generate(**inputs, **gen_kwargs)
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                out = self.model.generate(**inputs, **gen_kwargs, logits_processor=LogitsProcessorList([recorder]))
         finally:
             self.model.train(was_training)
         new = out.sequences[:, width:].cpu()
-        temp = params.temperature if sample else 1.0
-        logits = torch.stack(out.logits, dim=1).float().cpu() / temp  # (B, T, V)
-        if torch.isnan(logits).any() or torch.isposinf(logits).any():
-            raise DamagedModelError(DAMAGED)
-        logits[..., self.banned_ids] = float("-inf")  # as sampled: banned tokens have probability 0
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        logprobs = recorder.finish(out.sequences).cpu()
         results = []
         for row in range(len(requests)):
             toks = new[row].tolist()
@@ -224,5 +262,6 @@ class HFEngine:
             if self.end_id in toks:
                 n = toks.index(self.end_id) + 1
                 finished = True
-            results.append(GenerationOutput(ids=toks[:n], logprobs=logprobs[row, :n].tolist(), finished=finished))
+            results.append(GenerationOutput(ids=toks[:n], logprobs=logprobs[row, :n].tolist(), finished=finished,
+                                            weights_version=self.weights_version))
         return results

@@ -53,6 +53,8 @@ class Trajectory:
     rewards: list[float] = field(default_factory=list)  # per turn
     replies: list[str] = field(default_factory=list)
     truncated_replies: int = 0  # replies cut by max_new_tokens
+    weights_version: int = 0  # the oldest weights version any of its replies was sampled with
+    _versions: set[int] = field(default_factory=set, repr=False)
 
     @property
     def reward(self) -> float:
@@ -122,6 +124,8 @@ def rollout(
             text = chat.decode_reply(out.ids)
             tr.replies.append(text)
             tr.truncated_replies += int(not out.finished)
+            tr._versions.add(out.weights_version)
+            tr.weights_version = min(tr._versions)
             result = envs[i].step(text)
             tr.rewards.append(result.reward)
             if not result.done:

@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from ..errors import UserError
+from .errors import UserError
 
 
 class MetricsWriter:

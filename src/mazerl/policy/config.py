@@ -1,0 +1,108 @@
+"""How a policy is opened and how it sees mazes (PolicyConfig), and LoRA adapter settings.
+
+Used by training and by evaluation alike, so neither needs the other's package."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..rollout.engine import SamplingParams
+from ..rollout.multiturn import HistoryConfig
+
+
+class PolicyConfig(BaseModel):
+    """Which model, and how mazes are shown to it."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    model: str = Field(description="model directory or hub id (cluster: Qwen/Qwen3-VL-8B-Instruct)")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    prompt: Literal["full", "short"] = Field("full", description="system prompt; 'short' saves tokens for the tiny model")
+    history: HistoryConfig = HistoryConfig()
+    render_scale: float = Field(1.0, gt=0.0, le=8.0, description="draw mazes at square_px x this (tiny model: 1.28 -> 32 px)")
+    max_new_tokens: int = Field(16, ge=1, le=32768, description="per turn (reference run: 1024)")
+    max_batch: int = Field(64, ge=1, description="sequences per generate call")
+    engine: Literal["hf"] = Field("hf", description="inference engine for rollouts and evaluation (rollout/factory.py)")
+    reply_grammar: Literal["free", "action"] = Field(
+        "free", description="'action': every reply is exactly <action>WORD</action> (decoding constrained, same in training)")
+
+    VIEW_FILE: ClassVar[str] = "mazerl_policy.json"
+    VIEW_FIELDS: ClassVar[tuple[str, ...]] = ("history", "render_scale", "max_new_tokens", "prompt", "reply_grammar")
+
+    def sampling(self, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
+                 banned_ids: tuple[int, ...] = ()) -> SamplingParams:
+        """How this policy generates (0 = greedy). Use TrainablePolicy.sampling, which adds the chat
+        format's banned tokens: the one place sampling settings are assembled."""
+        if self.reply_grammar == "action" and top_p < 1.0:
+            raise ValueError("top_p < 1 is not supported with reply_grammar 'action' (five choices: use temperature)")
+        return SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=self.max_new_tokens, seed=seed,
+                              grammar=self.reply_grammar, banned_ids=tuple(banned_ids))
+
+    def view(self) -> dict:
+        """How this policy sees mazes; saved beside trained weights so evaluation uses the same view."""
+        return self.model_dump(mode="json", include=set(self.VIEW_FIELDS))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _saved_view(cls, data):
+        """A model directory carries the view it was trained with (mazerl_policy.json): settings not
+        given explicitly come from it, so `model: tiny-base` alone is a complete policy config."""
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            import json
+            from pathlib import Path
+
+            from ..policy.loading import resolve_model_name
+
+            data = dict(data)
+            data["model"] = resolve_model_name(data["model"])
+            saved = cls.saved_view(data["model"]) or {}
+            for key in cls.VIEW_FIELDS:
+                if key not in data and key in saved:
+                    data[key] = saved[key]
+        return data
+
+    @classmethod
+    def saved_view(cls, model: str) -> dict | None:
+        """The view settings saved in a model directory (mazerl_policy.json), checked field by field;
+        None when the directory has none. A damaged file is a PolicyLoadError naming it."""
+        import json
+        from pathlib import Path
+
+        from pydantic import ValidationError, create_model
+
+        from ..policy.loading import PolicyLoadError
+
+        view = Path(model) / cls.VIEW_FILE
+        if not view.is_file():
+            return None
+        try:
+            saved = json.loads(view.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise PolicyLoadError(f"{view} is not valid JSON ({err})") from None
+        if not isinstance(saved, dict):
+            raise PolicyLoadError(f"{view} must hold a JSON object of view settings ({', '.join(cls.VIEW_FIELDS)})")
+        fields = {k: (cls.model_fields[k].annotation, cls.model_fields[k]) for k in cls.VIEW_FIELDS}
+        checker = create_model("SavedView", __config__=ConfigDict(allow_inf_nan=False, extra="ignore"), **fields)
+        try:
+            checker.model_validate(saved)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise PolicyLoadError(f"{view} holds invalid view settings ({problems})") from None
+        return {k: saved[k] for k in cls.VIEW_FIELDS if k in saved}
+
+    @classmethod
+    def for_model(cls, model: str, **overrides) -> "PolicyConfig":
+        """Settings for a model directory: its saved view (if any), then `overrides` (None = keep)."""
+        return cls.model_validate({"model": model, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])

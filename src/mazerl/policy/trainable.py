@@ -1,0 +1,61 @@
+"""A policy opened for training or evaluation: model, chat format, inference engine, reply grammar;
+and saving one in the Hugging Face layout with its view settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..rollout.engine import InferenceEngine, SamplingParams
+from ..rollout.factory import make_engine
+from .chat import ChatFormat
+from .config import LoraSettings, PolicyConfig
+from .grammar import ActionGrammar
+from .loading import Policy, load_policy
+from .prompts import PROMPTS
+
+
+@dataclass
+class TrainablePolicy:
+    policy: Policy
+    chat: ChatFormat
+    engine: InferenceEngine
+    config: PolicyConfig
+    reply_choices: tuple[int, ...] | None = None  # the action grammar's word ids (None: free replies)
+
+    def sampling(self, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0) -> SamplingParams:
+        """Sampling settings for this policy, banned tokens included: what every engine call and the
+        trainer's log-probabilities use."""
+        return self.config.sampling(temperature=temperature, seed=seed, top_p=top_p,
+                                    banned_ids=tuple(self.chat.banned_reply_ids))
+
+
+def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None) -> TrainablePolicy:
+    policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        policy.model = get_peft_model(
+            policy.model,
+            LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules),
+        )
+    policy.model.train()
+    chat = ChatFormat(policy.processor, system_prompt=PROMPTS[cfg.prompt])
+    choices = ActionGrammar.from_chat(chat).word_ids if cfg.reply_grammar == "action" else None
+    return TrainablePolicy(policy, chat, make_engine(cfg, policy.model, chat), cfg, choices)
+
+
+def save_model_dir(model, processor, target, view: PolicyConfig | None = None) -> None:
+    """HF layout that `from_pretrained` opens; a LoRA model is saved merged. `view` (how the policy
+    sees mazes) is saved beside it as mazerl_policy.json."""
+    from ..atomic import atomic_directory, write_json
+
+    with atomic_directory(target, overwrite=True) as tmp:
+        to_save = model
+        if hasattr(model, "merge_and_unload"):
+            import copy
+
+            to_save = copy.deepcopy(model).merge_and_unload()
+        to_save.save_pretrained(tmp, safe_serialization=True)
+        processor.save_pretrained(tmp)
+        if view is not None:
+            write_json(tmp / PolicyConfig.VIEW_FILE, view.view())
