@@ -32,7 +32,8 @@ class NonFiniteError(UserError):
 def clip_and_check(params, max_norm: float, step: int, lr: float) -> float:
     """Clip gradients to `max_norm` and return their norm before clipping; raise NonFiniteError (the
     optimizer not yet stepped, nothing saved) when any gradient is NaN or infinite."""
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor under FSDP2
     if not math.isfinite(norm):
         raise NonFiniteError(f"step {step}: the gradient norm is {norm}; the update was refused before it touched the "
                              f"weights and nothing was saved. Lower optim.lr (now {lr:g}) or check the inputs")

@@ -13,13 +13,11 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import shutil
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -31,31 +29,16 @@ from ..mazes.dataset_io import read_split
 from ..mazes.layout import MOVE_NAMES
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
-from ..policy.chat import PackedSample
 from ..policy.trainable import open_policy, save_model_dir
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
 from .common import greedy_success, rng_state, seed_everything, set_rng_state
 from .config import GRPOConfig
 from .data import MazeSampler
-from .grpo import group_advantages, grpo_loss, state_group_advantages
-from .logprobs import token_logprobs
-from .optim import check_loss, clip_and_check, make_optimizer
+from .grpo import group_advantages, state_group_advantages
+from .worker import MiniBatch, PolicyWorker
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class MiniBatch:
-    """What one optimizer step trains on: packed samples with their per-token advantages, and the
-    normalisers of the whole mini-batch (so gradient accumulation and sharding do not change the loss)."""
-
-    samples: list[PackedSample]
-    episode: list[int]  # per sample: its trajectory index (sequence id for seq-mean aggregation)
-    token_advantages: list[torch.Tensor]  # per sample: one advantage per loss token
-    tokens: int  # loss tokens in the mini-batch
-    episodes: int  # trajectories in the mini-batch
-    episode_tokens: torch.Tensor  # per trajectory index: its loss tokens in the mini-batch
 
 
 class StaleRolloutError(UserError):
@@ -128,11 +111,9 @@ class GRPOTrainer:
         self.sampler = MazeSampler(len(self.train_df), cfg.seed)
         mini = cfg.mini_batch_mazes or cfg.mazes_per_step
         self.optimizer_steps_per_step = cfg.mazes_per_step // mini
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler = make_optimizer(params, cfg.optim, cfg.steps * self.optimizer_steps_per_step)
-        self.reference = None
-        if cfg.kl_coef > 0 and cfg.lora is None:
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.worker = PolicyWorker(self.model, self.chat, self.tp.reply_choices, cfg,
+                                   total_optimizer_steps=cfg.steps * self.optimizer_steps_per_step)
+        self.optimizer, self.scheduler = self.worker.optimizer, self.worker.scheduler
         self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
         self.step = 0
 
@@ -280,57 +261,6 @@ class GRPOTrainer:
                                      tokens=sum(smp.n_loss_tokens for smp, _ in pairs), episodes=len(members), episode_tokens=seq_len))
         return batches, stats
 
-    # ---- the worker's part: forward, backward, optimizer (in-process here; a rank under Ray) ----
-    def train_step(self, batch: MiniBatch, sampling) -> dict:
-        """One optimizer step on one mini-batch (gradient accumulation over micro-batches). An empty
-        mini-batch still advances the learning-rate schedule, so the schedule never depends on how
-        many groups were filtered."""
-        cfg = self.cfg
-        sums = {"entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "tokens": 0, "train_tokens": 0}
-        if not batch.samples:
-            self.scheduler.step()
-            return {**sums, "grad_norm": None}
-        choices = self.tp.reply_choices
-        self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(batch.samples), cfg.micro_batch):
-            samples = batch.samples[start : start + cfg.micro_batch]
-            traj_of_row = torch.tensor(batch.episode[start : start + cfg.micro_batch])
-            ref = None
-            if cfg.kl_coef > 0:
-                with torch.no_grad():
-                    if self.reference is not None:
-                        ref = token_logprobs(self.reference, self.chat, samples, sampling, False, choices).logprobs
-                    else:
-                        with self.model.disable_adapter():
-                            ref = token_logprobs(self.model, self.chat, samples, sampling, False, choices).logprobs
-            tl = token_logprobs(self.model, self.chat, samples, sampling, allowed_ids=choices)
-            old = tl.old_logprobs
-            if cfg.recompute_old_logprobs:
-                with torch.no_grad():  # the trainer's own numbers for the behaviour policy (an engine's differ slightly)
-                    old = token_logprobs(self.model, self.chat, samples, sampling, False, choices).logprobs.detach()
-            seq = traj_of_row[tl.sample_index.cpu()]
-            token_adv = torch.cat(batch.token_advantages[start : start + cfg.micro_batch])
-            loss, ls = grpo_loss(
-                tl.logprobs, old, token_adv.to(tl.logprobs.device), seq,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
-                aggregation=cfg.loss_aggregation, token_normaliser=float(batch.tokens),
-                seq_normaliser=float(batch.episodes), seq_lengths=batch.episode_tokens,
-            )
-            check_loss(loss, self.step + 1, self.scheduler.get_last_lr()[0])
-            loss.backward()
-            k = tl.logprobs.numel()
-            sums["entropy"] += float(tl.entropy.sum())
-            sums["kl"] += ls.kl * k
-            sums["clip_fraction"] += ls.clip_fraction * k
-            sums["pg_loss"] += ls.pg_loss * k
-            sums["tokens"] += k
-            sums["train_tokens"] += sum(len(smp.ids) for smp in samples)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = clip_and_check(params, cfg.optim.max_grad_norm, self.step + 1, self.scheduler.get_last_lr()[0])
-        self.optimizer.step()
-        self.scheduler.step()
-        return {**sums, "grad_norm": grad_norm}
-
     def update(self, trajs: list[Trajectory]) -> dict:
         """Driver (advantages, mini-batches) then one worker step per mini-batch."""
         cfg = self.cfg
@@ -340,7 +270,7 @@ class GRPOTrainer:
         totals = {"entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "tokens": 0, "train_tokens": 0}
         norms = []
         for batch in batches:
-            out = self.train_step(batch, sampling)
+            out = self.worker.train_step(batch, sampling, self.step + 1)
             for k in totals:
                 totals[k] += out[k]
             if out["grad_norm"] is not None:

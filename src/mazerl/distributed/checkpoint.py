@@ -1,0 +1,101 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP), complete or invisible.
+
+Layout of `ROOT/step-00000010/`:
+  dcp/             model and optimizer state, each rank writing its own shards (DCP's format)
+  rank-00000.pt    per rank: LR scheduler state and torch RNG (weights_only loadable)
+  state.json       step, world size, and the driver's state (data sampler, seeds)
+  manifest.json    sha256 of every file above, written last (rl/checkpoint.verify reads it)
+Every rank writes into a temporary sibling; after a barrier rank 0 writes state.json and the
+manifest and renames the directory into place. DCP reshards on load, so a checkpoint written by N
+ranks resumes on M ranks (1 <-> 2 tested); with the same number of ranks the resume is bit-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from ..atomic import write_json
+from ..rl.checkpoint import MANIFEST, CheckpointMismatchError, verify
+
+STATE = "state.json"
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_sharded(target: str | Path, model, optimizer, scheduler, state: dict, rank: int = 0, world_size: int = 1) -> Path:
+    """Collective: every rank calls it with the same `target`. Returns the final directory."""
+    target = Path(target)
+    tmp = target.parent / f".{target.name}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(sharded, checkpoint_id=str(tmp / "dcp"), no_dist=not _distributed())
+    torch.save({"scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / _rank_file(rank))
+    _barrier()  # every shard is on disk before the manifest says the checkpoint exists
+    if rank == 0:
+        write_json(tmp / STATE, {**state, "world_size": world_size})
+        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        write_json(tmp / MANIFEST, {"step": state.get("step"), "files": files})
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    _barrier()
+    return target
+
+
+def load_sharded(path: str | Path, model, optimizer, scheduler, rank: int = 0, world_size: int = 1) -> dict:
+    """Collective: load a (verified) sharded checkpoint into this rank's model, optimizer and
+    scheduler; the RNG state is restored when the number of ranks is unchanged. Returns state.json."""
+    path = Path(path)
+    problem = verify(path)
+    if problem is not None:
+        raise CheckpointMismatchError(f"checkpoint {path} cannot be trusted: {problem}")
+    state = json.loads((path / STATE).read_text())
+    sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    try:
+        dcp.load(sharded, checkpoint_id=str(path / "dcp"), no_dist=not _distributed())
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise CheckpointMismatchError(f"checkpoint {path} does not fit this model: {str(err).splitlines()[0]}") from None
+    set_model_state_dict(model, sharded["model"])
+    set_optimizer_state_dict(model, optimizer, sharded["optimizer"])
+    same_world = state["world_size"] == world_size
+    local = torch.load(path / _rank_file(rank if same_world else 0), weights_only=True)
+    scheduler.load_state_dict(local["scheduler"])
+    if same_world:
+        torch.set_rng_state(local["torch_rng"])
+    return state

@@ -1,0 +1,109 @@
+"""The part of a GRPO update that touches the weights: forward, backward, optimizer step.
+
+`PolicyWorker.train_step` runs one optimizer step on a mini-batch prepared by the driver
+(`GRPOTrainer.mini_batches`). In one process it sees the whole mini-batch; as one of N ranks of a
+data-parallel group (FSDP2, `distributed/`) it takes every N-th sample, keeps the mini-batch's
+global normalisers, and scales its loss by N because FSDP averages gradients across ranks: the
+summed gradient, and so the update, is the same as in one process.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from ..policy.chat import ChatFormat, PackedSample
+from ..rollout.engine import SamplingParams
+from .config import GRPOConfig
+from .grpo import grpo_loss
+from .logprobs import token_logprobs
+from .optim import check_loss, clip_and_check, make_optimizer
+
+
+@dataclass
+class MiniBatch:
+    """What one optimizer step trains on: packed samples with their per-token advantages, and the
+    normalisers of the whole mini-batch (so gradient accumulation and sharding do not change the loss)."""
+
+    samples: list[PackedSample]
+    episode: list[int]  # per sample: its trajectory index (sequence id for seq-mean aggregation)
+    token_advantages: list[torch.Tensor]  # per sample: one advantage per loss token
+    tokens: int  # loss tokens in the mini-batch
+    episodes: int  # trajectories in the mini-batch
+    episode_tokens: torch.Tensor  # per trajectory index: its loss tokens in the mini-batch
+
+
+class PolicyWorker:
+    def __init__(self, model, chat: ChatFormat, reply_choices: tuple[int, ...] | None, cfg: GRPOConfig,
+                 total_optimizer_steps: int, rank: int = 0, world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.model, self.chat, self.choices, self.cfg = model, chat, reply_choices, cfg
+        self.rank, self.world_size = rank, world_size
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler = make_optimizer(params, cfg.optim, total_optimizer_steps)
+        self.reference = None  # the KL anchor: the initial weights (a LoRA model uses itself, adapters off)
+        if cfg.kl_coef > 0 and cfg.lora is None:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def _reference_logprobs(self, samples, sampling) -> torch.Tensor:
+        with torch.no_grad():
+            if self.reference is not None:
+                return token_logprobs(self.reference, self.chat, samples, sampling, False, self.choices).logprobs
+            with self.model.disable_adapter():
+                return token_logprobs(self.model, self.chat, samples, sampling, False, self.choices).logprobs
+
+    def train_step(self, batch: MiniBatch, sampling: SamplingParams, step: int) -> dict:
+        """One optimizer step on this worker's share of `batch` (gradient accumulation over
+        micro-batches). An empty mini-batch still advances the learning-rate schedule, so the
+        schedule never depends on how many groups were filtered. Sums are over this worker's tokens."""
+        cfg = self.cfg
+        sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "tokens": 0, "train_tokens": 0}
+        if not batch.samples:
+            self.scheduler.step()
+            return {**sums, "grad_norm": None}
+        mine = list(range(self.rank, len(batch.samples), self.world_size))
+        lr = self.scheduler.get_last_lr()[0]
+        # every rank runs the same number of micro-batches (FSDP's collectives pair them up); a rank
+        # short of samples runs a zero-weight pass instead
+        per_rank = -(-len(batch.samples) // self.world_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, per_rank, cfg.micro_batch):
+            rows = mine[start : start + cfg.micro_batch]
+            weight = 1.0 if rows else 0.0
+            rows = rows or [0]
+            samples = [batch.samples[i] for i in rows]
+            traj_of_row = torch.tensor([batch.episode[i] for i in rows])
+            ref = self._reference_logprobs(samples, sampling) if cfg.kl_coef > 0 else None
+            tl = token_logprobs(self.model, self.chat, samples, sampling, allowed_ids=self.choices)
+            old = tl.old_logprobs
+            if cfg.recompute_old_logprobs:
+                with torch.no_grad():  # the trainer's own numbers for the behaviour policy (an engine's differ slightly)
+                    old = token_logprobs(self.model, self.chat, samples, sampling, False, self.choices).logprobs.detach()
+            seq = traj_of_row[tl.sample_index.cpu()]
+            token_adv = torch.cat([batch.token_advantages[i] for i in rows])
+            loss, ls = grpo_loss(
+                tl.logprobs, old, token_adv.to(tl.logprobs.device), seq,
+                clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
+                aggregation=cfg.loss_aggregation, token_normaliser=float(batch.tokens),
+                seq_normaliser=float(batch.episodes), seq_lengths=batch.episode_tokens,
+            )
+            loss = loss * weight
+            check_loss(loss, step, lr)
+            (loss * self.world_size).backward()  # FSDP averages gradients over ranks; we want their sum
+            if weight:
+                k = tl.logprobs.numel()
+                sums["loss"] += float(loss.detach())
+                sums["entropy"] += float(tl.entropy.sum())
+                sums["kl"] += ls.kl * k
+                sums["clip_fraction"] += ls.clip_fraction * k
+                sums["pg_loss"] += ls.pg_loss * k
+                sums["tokens"] += k
+                sums["train_tokens"] += sum(len(smp.ids) for smp in samples)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = clip_and_check(params, cfg.optim.max_grad_norm, step, lr)
+        self.optimizer.step()
+        self.scheduler.step()
+        return {**sums, "grad_norm": grad_norm}

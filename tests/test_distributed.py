@@ -1,0 +1,132 @@
+"""Data-parallel ranks with FSDP2 over gloo, for real on CPU: two ranks sharding the policy make the
+same update as one process on the same global mini-batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mazerl.distributed.group import run_group
+from mazerl.envs.agents import as_reply, oracle_action
+from mazerl.mazes.dataset_io import read_split
+from mazerl.policy.config import PolicyConfig
+from mazerl.policy.trainable import open_policy
+from mazerl.rl.config import GRPOConfig
+from mazerl.rl.worker import MiniBatch, PolicyWorker
+from mazerl.rollout.multiturn import items_from_split, rollout
+
+
+def _config(model: str) -> GRPOConfig:
+    # recompute_old_logprobs: the teacher's replies carry no sampler log-probabilities
+    return GRPOConfig.model_validate({"policy": {"model": model}, "train_data": "unused", "output_dir": "unused",
+                                      "micro_batch": 3, "recompute_old_logprobs": True, "optim": {"lr": 1e-3}})
+
+
+def _mini_batches(model: str, mazes, n_batches: int = 2) -> list[MiniBatch]:
+    """Teacher-forced turns of oracle episodes with fixed random advantages: a deterministic batch."""
+    tp = open_policy(PolicyConfig(model=model))
+    df = read_split(mazes / "heldout.parquet")
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for b in range(n_batches):
+        items = items_from_split(df, range(3 * b, 3 * b + 3), tp.config.render_scale, max_turns=3)
+        trajs = rollout(None, tp.chat, items, teacher=lambda env: (as_reply(oracle_action(env)), True),
+                        history=tp.config.history, sampling=tp.sampling())
+        pairs = [(s, i) for i, t in enumerate(trajs) for s in t.samples() if s.n_loss_tokens]
+        adv = [torch.randn(s.n_loss_tokens, generator=gen) for s, _ in pairs]
+        lengths = torch.zeros(len(trajs), dtype=torch.long)
+        for s, i in pairs:
+            lengths[i] += s.n_loss_tokens
+        batches.append(MiniBatch(samples=[s for s, _ in pairs], episode=[i for _, i in pairs], token_advantages=adv,
+                                 tokens=sum(s.n_loss_tokens for s, _ in pairs), episodes=len(trajs), episode_tokens=lengths))
+    return batches
+
+
+def _train(rank: int, world: int, model: str, batches: list[MiniBatch], out_file: str | None) -> dict:
+    from mazerl.distributed.fsdp import full_state_dict, shard_policy
+
+    cfg = _config(model)
+    tp = open_policy(cfg.policy)
+    model_ = tp.policy.model
+    if world > 1:
+        shard_policy(model_)
+    worker = PolicyWorker(model_, tp.chat, tp.reply_choices, cfg, total_optimizer_steps=len(batches), rank=rank, world_size=world)
+    sampling = tp.sampling(temperature=1.0)
+    steps = [worker.train_step(b, sampling, i + 1) for i, b in enumerate(batches)]
+    losses = torch.tensor([s["loss"] for s in steps], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(losses)  # each rank's share of the mini-batch loss
+    state = full_state_dict(model_) if world > 1 else model_.state_dict()
+    # the gradient norm (before clipping) is the whole mini-batch's on every rank: Adam's step hides a
+    # wrongly scaled gradient, the norm does not
+    result = {"losses": losses.tolist(), "grad_norms": [s["grad_norm"] for s in steps], "state": {k: v.detach().clone() for k, v in state.items()}}
+    if out_file is not None and rank == 0:
+        torch.save(result, out_file)
+    return result
+
+
+def test_two_fsdp_ranks_make_the_same_update_as_one_process(small_mazes, tmp_path):
+    model = "tiny-base"
+    batches = _mini_batches(model, small_mazes)
+    assert len(batches[0].samples) % 2 == 1  # an odd count: one rank gets an extra sample
+    single = _train(0, 1, model, batches, None)
+    out = tmp_path / "ranks.pt"
+    run_group(2, _train, model, batches, str(out))
+    sharded = torch.load(out, weights_only=True)
+    assert sharded["losses"] == pytest.approx(single["losses"], abs=1e-5)
+    assert sharded["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-5)
+    assert single["state"].keys() == sharded["state"].keys()
+    moved = 0
+    initial = open_policy(PolicyConfig(model=model)).policy.model.state_dict()
+    for k, v in single["state"].items():
+        assert torch.allclose(v, sharded["state"][k], atol=1e-5), (k, (v - sharded["state"][k]).abs().max())
+        moved += int(not torch.equal(v, initial[k]))
+    assert moved > 10  # the update really changed the weights
+
+
+def _train_with_checkpoint(rank: int, world: int, model: str, batches: list[MiniBatch], ckpt: str, mode: str, out_file: str):
+    """mode 'save': step 1, checkpoint, step 2; mode 'resume': load the checkpoint, step 2."""
+    from mazerl.distributed.checkpoint import load_sharded, save_sharded
+    from mazerl.distributed.fsdp import full_state_dict, shard_policy
+
+    cfg = _config(model)
+    tp = open_policy(cfg.policy)
+    model_ = tp.policy.model
+    if world > 1:
+        shard_policy(model_)
+    worker = PolicyWorker(model_, tp.chat, tp.reply_choices, cfg, total_optimizer_steps=len(batches), rank=rank, world_size=world)
+    sampling = tp.sampling(temperature=1.0)
+    if mode == "save":
+        worker.train_step(batches[0], sampling, 1)
+        save_sharded(ckpt, model_, worker.optimizer, worker.scheduler, {"step": 1}, rank, world)
+    else:
+        assert load_sharded(ckpt, model_, worker.optimizer, worker.scheduler, rank, world)["step"] == 1
+    worker.train_step(batches[1], sampling, 2)
+    state = full_state_dict(model_) if world > 1 else model_.state_dict()
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in state.items()}, out_file)
+
+
+def test_sharded_checkpoints_resume_exactly_and_on_another_world_size(small_mazes, tmp_path):
+    from mazerl.rl.checkpoint import verify
+
+    model = "tiny-base"
+    batches = _mini_batches(model, small_mazes)
+    ckpt = tmp_path / "step-00000001"
+    run_group(2, _train_with_checkpoint, model, batches, str(ckpt), "save", str(tmp_path / "straight.pt"))
+    assert verify(ckpt) is None and not (tmp_path / ".step-00000001.tmp").exists()
+    run_group(2, _train_with_checkpoint, model, batches, str(ckpt), "resume", str(tmp_path / "resumed2.pt"))
+    _train_with_checkpoint(0, 1, model, batches, str(ckpt), "resume", str(tmp_path / "resumed1.pt"))
+    straight, two, one = (torch.load(tmp_path / f, weights_only=True) for f in ("straight.pt", "resumed2.pt", "resumed1.pt"))
+    assert all(torch.equal(straight[k], two[k]) for k in straight)  # same ranks: bit-identical
+    assert all(torch.allclose(straight[k], one[k], atol=1e-5) for k in straight)  # 2 ranks -> 1 rank
+    # a damaged shard is refused before anything is loaded
+    shard = next((ckpt / "dcp").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    from mazerl.rl.checkpoint import CheckpointMismatchError
+
+    with pytest.raises(CheckpointMismatchError, match="cannot be trusted"):
+        _train_with_checkpoint(0, 1, model, batches, str(ckpt), "resume", str(tmp_path / "x.pt"))
