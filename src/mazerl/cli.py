@@ -348,6 +348,7 @@ def train_grpo_cmd(
     resume: Annotated[str, typer.Option(help="auto (latest complete checkpoint) | never | a checkpoint directory")] = "auto",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting: key=value (dotted keys)")] = None,
     overwrite: Annotated[bool, typer.Option(help="with nothing to resume: replace an earlier run's files in output_dir")] = False,
+    backend: Annotated[Optional[str], typer.Option(help="local (this process) | ray (ranks + rollout actors; default: the config's)")] = None,
 ) -> None:
     """Multi-turn GRPO: rollouts -> group advantages -> clipped policy-gradient updates."""
     _quiet_hf()
@@ -355,11 +356,25 @@ def train_grpo_cmd(
     from .rl.config import GRPOConfig
     from .rl.trainer import GRPOTrainer, check_resume_arg
 
+    if backend not in (None, "local", "ray"):
+        _fail(f"unknown --backend {backend!r}: allowed local, ray")
+    overrides = parse_overrides(set_ or [])
+    if backend is not None:
+        overrides["distributed.backend"] = backend
     try:
-        cfg = load_config(GRPOConfig, config, parse_overrides(set_ or []))
+        cfg = load_config(GRPOConfig, config, overrides)
     except ConfigError as err:
         _fail(str(err))
     check_resume_arg(resume, Path(cfg.output_dir) / "checkpoints")
+    if cfg.distributed.backend == "ray":
+        from .distributed.ray_grpo import RayGRPO
+
+        bar, on_step = _train_progress(cfg.steps, ("reward_mean", "success_rate", "entropy", "time/weight_sync"))
+        with bar:
+            record = _run_job(lambda: RayGRPO(cfg, on_step).run(resume))
+        console.print(f"step {record.get('step')}: success {record.get('success_rate', float('nan')):.3f}; "
+                      f"model: {Path(cfg.output_dir) / 'final'}")
+        return
     bar, on_step = _train_progress(cfg.steps, ("reward_mean", "success_rate", "entropy", "eval/success"))
     with bar:
         record = _run_job(lambda: GRPOTrainer(cfg, on_step).run(resume, overwrite))

@@ -88,10 +88,11 @@ class CheckpointManager:
             files = {str(p.relative_to(tmp)): _sha256(p) for p in _files(tmp)}
             write_json(tmp / MANIFEST, {"step": step, "files": files})
         write_text(self.root / "latest", target.name + "\n")
-        self._prune()
+        self.prune()
         return target
 
-    def _prune(self) -> None:
+    def prune(self) -> None:
+        """Keep the newest `keep_last` checkpoints."""
         dirs = self.step_dirs()
         for _, p in dirs[: max(0, len(dirs) - self.keep_last)]:
             shutil.rmtree(p, ignore_errors=True)

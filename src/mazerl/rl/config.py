@@ -25,6 +25,19 @@ class OptimConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0.0)
 
 
+class DistributedSettings(BaseModel):
+    """Where GRPO runs: in this process (`local`), or on Ray (`ray`): `ranks` training ranks in one
+    process group sharding the policy with FSDP2, and `rollout_workers` actors with an engine each."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    backend: Literal["local", "ray"] = "local"
+    ranks: int = Field(1, ge=1, le=1024)
+    rollout_workers: int = Field(1, ge=1, le=1024)
+    cpus_per_actor: float = Field(1.0, gt=0.0, description="Ray CPUs each rank and rollout actor asks for")
+    gpus_per_rank: float = Field(0.0, ge=0.0, description="Ray GPUs per training rank (0: CPU and gloo)")
+
+
 class GRPOConfig(BaseModel):
     """`mazerl train grpo`. Defaults follow SkyRL's VisGym recipe where it applies."""
 
@@ -68,6 +81,7 @@ class GRPOConfig(BaseModel):
     recompute_old_logprobs: bool = Field(False, description="score the sampled tokens with the trainer's model before the "
                                          "update instead of using the engine's log-probabilities (an engine's differ slightly)")
     optim: OptimConfig = OptimConfig()
+    distributed: DistributedSettings = DistributedSettings()
     lora: LoraSettings | None = None
     freeze_vision: bool = Field(False, description="keep the vision tower fixed: RL adjusts decisions, not perception")
     env: EnvConfig = EnvConfig()
@@ -81,6 +95,16 @@ class GRPOConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
+        d = self.distributed
+        episodes = (self.mini_batch_mazes or self.mazes_per_step) * self.group_size
+        if d.backend == "ray" and episodes % d.ranks:
+            raise ValueError(f"distributed.ranks = {d.ranks} does not divide the {episodes} episodes of a mini-batch "
+                             "(mini_batch_mazes x group_size): choose a divisor")
+        if d.backend == "ray" and self.mazes_per_step < d.rollout_workers:
+            raise ValueError(f"distributed.rollout_workers = {d.rollout_workers} is more than mazes_per_step = "
+                             f"{self.mazes_per_step}: some workers would have nothing to play")
+        if d.backend == "local" and (d.ranks > 1 or d.rollout_workers > 1):
+            raise ValueError("distributed.ranks and rollout_workers > 1 need distributed.backend: ray")
         if self.episode_advantage_weight == 0 and self.turn_advantage_weight == 0:
             raise ValueError("episode_advantage_weight and turn_advantage_weight are both 0: no move would get any credit")
         if self.mini_batch_mazes is not None and self.mazes_per_step % self.mini_batch_mazes:

@@ -26,7 +26,6 @@ import torch
 from ..atomic import refuse_inputs_inside
 from ..errors import UserError
 from ..mazes.dataset_io import read_split
-from ..mazes.layout import MOVE_NAMES
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
 from ..policy.trainable import open_policy, save_model_dir
@@ -35,14 +34,10 @@ from .checkpoint import CheckpointManager, load_model_weights, load_trainer_stat
 from .common import greedy_success, rng_state, seed_everything, set_rng_state
 from .config import GRPOConfig
 from .data import MazeSampler
-from .grpo import group_advantages, state_group_advantages
-from .worker import MiniBatch, PolicyWorker
+from .driver import GRPODriver, StaleRolloutError, episode_metrics, turn_state_keys  # noqa: F401 (re-exported)
+from .worker import PolicyWorker
 
 log = logging.getLogger(__name__)
-
-
-class StaleRolloutError(UserError):
-    """Trajectories sampled with weights older than the trainer allows."""
 
 
 class ResumeError(UserError):
@@ -65,34 +60,7 @@ def check_resume_arg(how: str, checkpoints: Path | None = None) -> Path | None:
 KILL_AFTER_STEP_ENV = "MAZERL_FAULT_KILL_AFTER_STEP"
 
 
-def episode_metrics(trajs: list[Trajectory]) -> dict:
-    n = len(trajs)
-    turns = sum(t.stats.turns for t in trajs)
-    return {
-        "reward_mean": sum(t.reward for t in trajs) / n,
-        "success_rate": sum(t.stats.success for t in trajs) / n,
-        "episode_turns": turns / n,
-        "parse_failure_rate": sum(t.stats.parse_failures for t in trajs) / max(1, turns),
-        "wall_bump_rate": sum(t.stats.wall_bumps for t in trajs) / max(1, turns),
-        "loop_rate": sum(t.stats.loop for t in trajs) / n,
-        "premature_stop_rate": sum(t.stats.premature_stop for t in trajs) / n,
-        "truncated_reply_rate": sum(t.truncated_replies for t in trajs) / max(1, turns),
-    }
-
-
-def turn_state_keys(traj: Trajectory) -> list[tuple]:
-    """Per turn, what the policy saw, up to the turn counter: the square it stood on, its previous
-    move and whether that move hit a wall (the feedback). Turns with equal keys are one anchor state."""
-    path, actions = traj.stats.path, traj.stats.actions
-    keys = []
-    for t in range(len(traj.rewards)):
-        prev = actions[t - 1] if t > 0 else None
-        bumped = t > 0 and prev in MOVE_NAMES and path[t] == path[t - 1]
-        keys.append((tuple(path[t]), prev, bumped))
-    return keys
-
-
-class GRPOTrainer:
+class GRPOTrainer(GRPODriver):
     def __init__(self, cfg: GRPOConfig, on_step=None):
         self.cfg = cfg
         self.on_step = on_step  # callback(step, metrics) for progress display
@@ -193,73 +161,6 @@ class GRPOTrainer:
                                        seed=derive_seed(cfg.seed, "rollout", self.step + 1))
         return rollout(self.tp.engine, self.chat, items, group_size=cfg.group_size, sampling=sampling,
                        env_config=cfg.env, history=cfg.policy.history)
-
-    def _update_samples(self, traj: Trajectory, index: int):
-        """The episode's training sequences with loss tokens; a seeded random subset of at most
-        `update_turns_per_episode` of them when that is set."""
-        samples = [s for s in traj.samples() if s.n_loss_tokens]
-        k = self.cfg.update_turns_per_episode
-        if k is None or len(samples) <= k:
-            return samples
-        import random
-
-        rng = random.Random(derive_seed(self.cfg.seed, "update-turns", self.step, index))
-        return [samples[j] for j in sorted(rng.sample(range(len(samples)), k))]
-
-    def turn_advantages(self, trajs: list[Trajectory], episode_adv: torch.Tensor) -> list[list[float]]:
-        """Per episode, per turn: the episode's advantage plus, when turn_advantage_weight > 0, the
-        weighted advantage of the move among the group's moves from the same state."""
-        cfg = self.cfg
-        out = [[cfg.episode_advantage_weight * float(episode_adv[i])] * len(t.rewards) for i, t in enumerate(trajs)]
-        if cfg.turn_advantage_weight > 0:
-            step = state_group_advantages([t.group for t in trajs], [turn_state_keys(t) for t in trajs],
-                                          [list(t.rewards) for t in trajs], cfg.turn_gamma)
-            out = [[a + cfg.turn_advantage_weight * s for a, s in zip(row, srow)] for row, srow in zip(out, step)]
-        if cfg.positive_advantages_only:
-            out = [[max(a, 0.0) for a in row] for row in out]
-        return out
-
-    # ---- the driver's part of an update: advantages, filtering, mini-batches ----------------------
-    def check_versions(self, trajs: list[Trajectory]) -> int:
-        """Every trajectory must come from the current weights, or lag them by at most
-        `max_weights_lag` updates (asynchronous rollouts); returns the largest lag seen."""
-        lag = max((self.step - t.weights_version for t in trajs), default=0)
-        if lag > self.cfg.max_weights_lag or any(t.weights_version > self.step for t in trajs):
-            versions = sorted({t.weights_version for t in trajs})
-            raise StaleRolloutError(f"step {self.step + 1}: trajectories were sampled with weights version(s) {versions}, "
-                                    f"the trainer is at version {self.step}; allowed lag: max_weights_lag = "
-                                    f"{self.cfg.max_weights_lag}")
-        return lag
-
-    def mini_batches(self, trajs: list[Trajectory]) -> tuple[list[MiniBatch], dict]:
-        """Group-normalised advantages per turn, zero-signal episodes dropped, then one MiniBatch per
-        optimizer step (`mini_batch_mazes` mazes each, all when unset)."""
-        cfg = self.cfg
-        rewards = torch.tensor([t.reward for t in trajs])
-        groups = torch.tensor([t.group for t in trajs])
-        adv, zero_var = group_advantages(rewards, groups, cfg.scale_advantages_by_std)
-        per_turn = self.turn_advantages(trajs, adv)
-        # an episode carries no signal when every one of its turns has advantage 0
-        per_turn_signal = cfg.turn_advantage_weight > 0 or cfg.positive_advantages_only or cfg.episode_advantage_weight != 1.0
-        no_signal = [all(a == 0.0 for a in row) for row in per_turn] if per_turn_signal else zero_var.tolist()
-        keep = [i for i in range(len(trajs)) if not (cfg.filter_zero_variance_groups and no_signal[i])]
-        dropped = torch.tensor([no_signal[i] for i in range(len(trajs))], dtype=torch.bool)
-        stats = {"filtered_groups": int(len(torch.unique(groups[zero_var & dropped]))) if cfg.filter_zero_variance_groups else 0,
-                 "kept_episodes": len(keep)}
-        mini = cfg.mini_batch_mazes or cfg.mazes_per_step
-        batches = []
-        for first_group in range(0, cfg.mazes_per_step, mini):
-            members = [i for i in keep if first_group <= trajs[i].group < first_group + mini]
-            pairs = [(s, i) for i in members for s in self._update_samples(trajs[i], i)]
-            seq_len = torch.zeros(len(trajs), dtype=torch.long)
-            for smp, i in pairs:
-                seq_len[i] += smp.n_loss_tokens
-            # loss tokens come row by row, left to right: the order token_logprobs returns them in
-            token_adv = [torch.tensor([per_turn[i][smp.token_turns[c] - 1] for c, m in enumerate(smp.loss_mask) if m],
-                                      dtype=torch.float32) for smp, i in pairs]
-            batches.append(MiniBatch(samples=[smp for smp, _ in pairs], episode=[i for _, i in pairs], token_advantages=token_adv,
-                                     tokens=sum(smp.n_loss_tokens for smp, _ in pairs), episodes=len(members), episode_tokens=seq_len))
-        return batches, stats
 
     def update(self, trajs: list[Trajectory]) -> dict:
         """Driver (advantages, mini-batches) then one worker step per mini-batch."""

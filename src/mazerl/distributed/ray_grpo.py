@@ -1,0 +1,343 @@
+"""GRPO on Ray: a driver, N training-rank actors in one process group (FSDP2), M rollout actors.
+
+    driver                                  ranks (FSDP2, gloo/NCCL)        rollout actors (engine)
+    mazes = sampler.next(B)          ──────────────────────────────────────> collect(slice of mazes)
+    trajectories, each tagged with its weights version  <──────────────────
+    advantages, mini-batches (rl/driver.py)
+    for each mini-batch:             ──> train_step(batch) on every rank
+    full state dict (a collective)   ──> rank 0 returns it ──> ray.put ──> sync(weights, version)
+    every K steps: sharded checkpoint (DCP) on every rank + the driver's state
+
+Connects to RAY_ADDRESS when set, else starts a local Ray. The same worker step runs in process in
+`rl/trainer.py`; here it runs as a rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..mazes.dataset_io import read_split
+from ..mazes.seeding import derive_seed
+from ..metrics import MetricsWriter
+from ..rl.checkpoint import CheckpointManager, verify
+from ..rl.config import GRPOConfig
+from ..rl.data import MazeSampler
+from ..rl.driver import GRPODriver, episode_metrics
+
+log = logging.getLogger(__name__)
+# Fault injection for the tests: a rollout actor exits during this step (never set in real runs).
+KILL_ROLLOUT_AT_STEP_ENV = "MAZERL_FAULT_KILL_ROLLOUT_AT_STEP"
+
+
+class RayBackendError(UserError):
+    """Ray cannot run the job as configured (not installed, unreachable, too few resources)."""
+
+
+def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (Ray itself retries for minutes) when RAY_ADDRESS names a host and port that does
+    not accept connections. 'auto' and 'local' are left to Ray."""
+    import socket
+    from urllib.parse import urlparse
+
+    if address in ("auto", "local"):
+        return
+    parsed = urlparse(address if "://" in address else f"gcs://{address}")
+    try:
+        host, port = parsed.hostname, parsed.port
+    except ValueError:
+        host, port = None, None
+    if not host or not port:
+        raise RayBackendError(f"RAY_ADDRESS={address!r} is not HOST:PORT (or ray://HOST:PORT, auto)")
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise RayBackendError(f"cannot reach the Ray cluster at RAY_ADDRESS={address!r} ({err.strerror or err}); "
+                              "unset RAY_ADDRESS to start a local Ray") from None
+
+
+def _require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayBackendError("distributed.backend 'ray' needs Ray: pip install 'ray>=2.50'") from None
+    return ray
+
+
+class TrainRank:
+    """One training rank: its share of every mini-batch, FSDP2 shards of the policy and optimizer."""
+
+    def __init__(self, cfg_json: dict, rank: int, world_size: int, master_addr: str, master_port: int):
+        self.cfg = GRPOConfig.model_validate(cfg_json)
+        self.rank, self.world_size = rank, world_size
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size))
+
+    def setup(self, total_optimizer_steps: int) -> bool:
+        """Join the process group (every rank calls this together), open and shard the policy."""
+        import torch.distributed as dist
+
+        from ..policy.trainable import open_policy
+        from ..rl.common import seed_everything
+        from ..rl.worker import PolicyWorker
+        from .fsdp import shard_policy
+
+        backend = "nccl" if self.cfg.distributed.gpus_per_rank > 0 and torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        seed_everything(self.cfg.seed)
+        self.tp = open_policy(self.cfg.policy, self.cfg.lora)
+        self.model = self.tp.policy.model
+        if self.world_size > 1:
+            shard_policy(self.model)
+        self.worker = PolicyWorker(self.model, self.tp.chat, self.tp.reply_choices, self.cfg, total_optimizer_steps,
+                                   rank=self.rank, world_size=self.world_size)
+        return True
+
+    def train_step(self, batch, step: int) -> dict:
+        t0 = time.perf_counter()
+        sampling = self.tp.sampling(temperature=self.cfg.temperature, top_p=self.cfg.top_p)
+        out = self.worker.train_step(batch, sampling, step)
+        out["seconds"] = time.perf_counter() - t0
+        out["lr"] = self.worker.scheduler.get_last_lr()[0]
+        return out
+
+    def full_state_dict(self) -> dict | None:
+        """A collective: every rank must call it; rank 0 returns the weights, the others None."""
+        from .fsdp import full_state_dict
+
+        state = full_state_dict(self.model) if self.world_size > 1 else self.model.state_dict()
+        return {k: v.detach().cpu().clone() for k, v in state.items()} if self.rank == 0 else None
+
+    def save_checkpoint(self, path: str, state: dict) -> str:
+        from .checkpoint import save_sharded
+
+        return str(save_sharded(path, self.model, self.worker.optimizer, self.worker.scheduler, state,
+                                self.rank, self.world_size))
+
+    def load_checkpoint(self, path: str) -> dict:
+        from .checkpoint import load_sharded
+
+        return load_sharded(path, self.model, self.worker.optimizer, self.worker.scheduler, self.rank, self.world_size)
+
+    def save_final(self, target: str) -> str | None:
+        """The consolidated model in the HF layout (a collective; rank 0 writes it)."""
+        from ..policy.trainable import open_policy, save_model_dir
+
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        plain = open_policy(self.cfg.policy, self.cfg.lora)
+        plain.policy.model.load_state_dict(state, strict=True)
+        save_model_dir(plain.policy.model, plain.policy.processor, target, self.cfg.policy)
+        return target
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RolloutWorker:
+    """An inference engine and a slice of every step's mazes."""
+
+    def __init__(self, cfg_json: dict):
+        from ..policy.trainable import open_policy
+
+        self.cfg = GRPOConfig.model_validate(cfg_json)
+        self.tp = open_policy(self.cfg.policy)
+        self.tp.policy.model.eval()
+        self.train_df = read_split(self.cfg.train_data)
+
+    def collect(self, rows: list[int], first_group: int, seed: int, step: int) -> tuple[list, float]:
+        from ..rollout.multiturn import items_from_split, rollout
+
+        if os.environ.get(KILL_ROLLOUT_AT_STEP_ENV) == str(step):
+            os._exit(1)  # fault injection for the tests: the actor dies mid-step
+        t0 = time.perf_counter()
+        items = items_from_split(self.train_df, rows, self.cfg.policy.render_scale, self.cfg.max_turns)
+        sampling = self.tp.sampling(temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
+        trajs = rollout(self.tp.engine, self.tp.chat, items, group_size=self.cfg.group_size, sampling=sampling,
+                        env_config=self.cfg.env, history=self.cfg.policy.history)
+        for t in trajs:
+            t.group += first_group  # groups are numbered across all workers' slices
+        return trajs, time.perf_counter() - t0
+
+    def sync(self, weights: dict, version: int) -> float:
+        t0 = time.perf_counter()
+        self.tp.engine.sync_weights(weights, version)
+        return time.perf_counter() - t0
+
+    def version(self) -> int:
+        return self.tp.engine.weights_version
+
+
+class RayGRPO(GRPODriver):
+    def __init__(self, cfg: GRPOConfig, on_step=None):
+        self.cfg, self.on_step = cfg, on_step
+        self.out = Path(cfg.output_dir)
+        self.step = 0
+        self.ray = _require_ray()
+        self.train_df = read_split(cfg.train_data)
+        self.sampler = MazeSampler(len(self.train_df), cfg.seed)
+        self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
+        self._start()
+
+    # ---- the actors ------------------------------------------------------------------------------
+    def _start(self) -> None:
+        ray, cfg, d = self.ray, self.cfg, self.cfg.distributed
+        if not ray.is_initialized():
+            address = os.environ.get("RAY_ADDRESS")
+            if address:
+                check_ray_address(address)
+            try:
+                if address:
+                    ray.init(address=address, log_to_driver=False)
+                else:
+                    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local Ray: no token file
+                    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                raise RayBackendError(f"cannot connect to Ray at RAY_ADDRESS={address!r}: {str(err).splitlines()[0]}") from None
+        available = ray.cluster_resources()
+        need_cpu = (d.ranks + d.rollout_workers) * d.cpus_per_actor
+        need_gpu = d.ranks * d.gpus_per_rank
+        if available.get("CPU", 0) < need_cpu or available.get("GPU", 0) < need_gpu:
+            raise RayBackendError(f"{d.ranks} ranks + {d.rollout_workers} rollout workers need {need_cpu:g} CPUs and "
+                                  f"{need_gpu:g} GPUs; this Ray cluster has {available.get('CPU', 0):g} CPUs and "
+                                  f"{available.get('GPU', 0):g} GPUs")
+        from .group import free_port
+
+        cfg_json = cfg.model_dump(mode="json")
+        rank_cls = ray.remote(num_cpus=d.cpus_per_actor, num_gpus=d.gpus_per_rank)(TrainRank)
+        rollout_cls = ray.remote(num_cpus=d.cpus_per_actor)(RolloutWorker)
+        port = free_port()
+        self.ranks = [rank_cls.remote(cfg_json, r, d.ranks, "127.0.0.1", port) for r in range(d.ranks)]
+        mini = cfg.mini_batch_mazes or cfg.mazes_per_step
+        ray.get([r.setup.remote(cfg.steps * (cfg.mazes_per_step // mini)) for r in self.ranks])
+        self.rollouts = [rollout_cls.remote(cfg_json) for _ in range(d.rollout_workers)]
+
+    def _on_all_ranks(self, method: str, *args) -> list:
+        return self.ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+
+    def shutdown(self) -> None:
+        try:
+            self._on_all_ranks("shutdown")
+        finally:
+            for a in [*self.ranks, *self.rollouts]:
+                self.ray.kill(a)
+
+    # ---- one step --------------------------------------------------------------------------------
+    def collect(self) -> tuple[list, list[float]]:
+        cfg = self.cfg
+        rows = self.sampler.next(cfg.mazes_per_step)
+        seed = derive_seed(cfg.seed, "rollout", self.step + 1)
+        n = len(self.rollouts)
+        slices = [list(range(k * len(rows) // n, (k + 1) * len(rows) // n)) for k in range(n)]
+        calls = [w.collect.remote([rows[i] for i in s], s[0], derive_seed(seed, "worker", k), self.step + 1)
+                 for k, (w, s) in enumerate(zip(self.rollouts, slices))]
+        try:
+            results = self.ray.get(calls)
+        except self.ray.exceptions.RayActorError as err:
+            # never train on a partial batch: the step fails, and a resume redoes it from the last checkpoint
+            raise RayBackendError(f"step {self.step + 1}: a rollout worker died ({str(err).splitlines()[0]}); "
+                                  "the step was not trained on; resume from the last checkpoint") from None
+        trajs = [t for ts, _ in results for t in ts]
+        return trajs, [s for _, s in results]
+
+    def update(self, trajs) -> dict:
+        lag = self.check_versions(trajs)
+        batches, stats = self.mini_batches(trajs)
+        per_rank_seconds = [0.0] * len(self.ranks)
+        totals = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "tokens": 0, "train_tokens": 0}
+        norms, lr = [], None
+        for batch in batches:
+            outs = self._on_all_ranks("train_step", batch, self.step + 1)
+            for r, out in enumerate(outs):
+                per_rank_seconds[r] += out["seconds"]
+                for k in totals:
+                    totals[k] += out[k]
+            if outs[0]["grad_norm"] is not None:
+                norms.append(outs[0]["grad_norm"])  # the whole mini-batch's norm, the same on every rank
+            lr = outs[0]["lr"]
+        t = max(1, totals["tokens"])
+        stats.update(entropy=totals["entropy"] / t, kl=totals["kl"] / t, clip_fraction=totals["clip_fraction"] / t,
+                     pg_loss=totals["pg_loss"] / t, grad_norm=sum(norms) / max(1, len(norms)), optimizer_steps=len(norms),
+                     loss_tokens=totals["tokens"], train_tokens=totals["train_tokens"], lr=lr, weights_lag=lag,
+                     **{f"time/rank{r}_update": s for r, s in enumerate(per_rank_seconds)})
+        return stats
+
+    def sync_weights(self) -> float:
+        t0 = time.perf_counter()
+        weights = self._on_all_ranks("full_state_dict")[0]  # a collective; rank 0 holds the result
+        ref = self.ray.put(weights)
+        self.ray.get([w.sync.remote(ref, self.step) for w in self.rollouts])
+        return time.perf_counter() - t0
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        target = self.checkpoints.root / f"step-{self.step:08d}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        state = {"step": self.step, "config": self.cfg.model_dump(mode="json"), "sampler": self.sampler.state_dict()}
+        self._on_all_ranks("save_checkpoint", str(target), state)
+        (self.checkpoints.root / "latest").write_text(target.name + "\n")
+        self.checkpoints.prune()
+        return target
+
+    def resume(self, how: str) -> int | None:
+        if how == "never":
+            return None
+        path = self.checkpoints.latest() if how == "auto" else Path(how)
+        if path is None:
+            return None
+        problem = verify(path)
+        if problem is not None:
+            raise RayBackendError(f"--resume {path}: this checkpoint cannot be trusted: {problem}")
+        state = self._on_all_ranks("load_checkpoint", str(path))[0]
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+        return self.step
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def run(self, resume: str = "auto") -> dict:
+        cfg = self.cfg
+        record: dict = {}
+        try:
+            resumed = self.resume(resume)
+            sync_s = self.sync_weights()  # the engines start from the trainer's weights, version = step
+            metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
+            started = time.perf_counter()
+            try:
+                while self.step < cfg.steps:
+                    t0 = time.perf_counter()
+                    trajs, worker_seconds = self.collect()
+                    t1 = time.perf_counter()
+                    upd = self.update(trajs)
+                    self.step += 1
+                    t2 = time.perf_counter()
+                    sync_s = self.sync_weights()
+                    record = {"step": self.step, **episode_metrics(trajs), **upd, "time/rollout": t1 - t0,
+                              "time/update": t2 - t1, "time/weight_sync": sync_s,
+                              "rollout_versions": sorted({t.weights_version for t in trajs}),
+                              **{f"time/rollout_worker{k}": s for k, s in enumerate(worker_seconds)},
+                              "train_tokens_per_s": upd["train_tokens"] / max(t2 - t1, 1e-9)}
+                    record["time/training_total"] = time.perf_counter() - started
+                    out_of_time = cfg.max_minutes is not None and record["time/training_total"] > cfg.max_minutes * 60
+                    if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or out_of_time:
+                        self.save_checkpoint()
+                    record["time/step"] = time.perf_counter() - t0
+                    metrics.write(record)
+                    if self.on_step:
+                        self.on_step(self.step, record)
+                    if out_of_time:
+                        break
+            finally:
+                metrics.close()
+            self._on_all_ranks("save_final", str(self.out / "final"))
+        finally:
+            self.shutdown()
+        return record

@@ -1,0 +1,88 @@
+"""`mazerl train grpo --backend ray` for real on CPU: a local Ray, 2 FSDP2 training ranks (gloo) and
+a rollout actor, weight sync through the object store, sharded checkpoints, a consolidated model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+from mazerl.metrics import read_metrics
+from mazerl.rl.checkpoint import verify
+
+
+def _config(small_mazes, tmp_path, **over):
+    out = tmp_path / "run"
+    cfg = {"policy": {"model": "tiny-base"}, "train_data": str(small_mazes / "train.parquet"), "output_dir": str(out),
+           "steps": 3, "mazes_per_step": 2, "group_size": 2, "max_turns": 3, "micro_batch": 8, "eval_every": 0,
+           "checkpoint_every": 2, "optim": {"lr": 1e-4}, "env": {"progress_reward": 0.1},
+           "distributed": {"ranks": 2, "rollout_workers": 1, "cpus_per_actor": 0.5}, **over}
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, out
+
+
+def _train(path, *extra, env_extra=None):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "mazerl.cli", "train", "grpo", "--config", str(path), "--backend", "ray", *extra],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_two_ranks_and_a_rollout_actor_through_the_cli(small_mazes, tmp_path):
+    path, out = _config(small_mazes, tmp_path)
+    result = _train(path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in log] == [1, 2, 3]
+    # every trajectory was sampled with the weights after the previous update
+    assert [r["rollout_versions"] for r in log] == [[0], [1], [2]]
+    assert all(r["weights_lag"] == 0 and r["time/weight_sync"] > 0 for r in log)
+    assert all("time/rank0_update" in r and "time/rank1_update" in r and "time/rollout_worker0" in r for r in log)
+    for step in ("step-00000002", "step-00000003"):
+        assert verify(out / "checkpoints" / step) is None
+        assert json.loads((out / "checkpoints" / step / "state.json").read_text())["world_size"] == 2
+    from transformers import AutoModelForImageTextToText
+
+    final = AutoModelForImageTextToText.from_pretrained(out / "final")
+    assert (out / "final" / "mazerl_policy.json").is_file() and sum(p.numel() for p in final.parameters()) > 1e6
+
+
+def test_a_dead_rollout_actor_fails_the_step_and_a_resume_redoes_it(small_mazes, tmp_path):
+    from mazerl.distributed.ray_grpo import KILL_ROLLOUT_AT_STEP_ENV
+
+    path, out = _config(small_mazes, tmp_path, checkpoint_every=1)
+    died = _train(path, env_extra={KILL_ROLLOUT_AT_STEP_ENV: "2"})
+    assert died.returncode == 2, died.stdout[-2000:] + died.stderr[-2000:]
+    assert "step 2: a rollout worker died" in " ".join(died.stderr.split()) and "Traceback" not in died.stderr
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]  # nothing trained on a partial batch
+    assert not (out / "checkpoints" / "step-00000002").exists()
+    resumed = _train(path)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    log = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in log] == [1, 2, 3] and [r["rollout_versions"] for r in log] == [[0], [1], [2]]
+
+
+def test_more_ranks_than_cpus_is_refused_before_any_work(small_mazes, tmp_path):
+    path, out = _config(small_mazes, tmp_path, distributed={"ranks": 4, "rollout_workers": 1, "cpus_per_actor": float(os.cpu_count() or 1)})
+    result = _train(path)
+    assert result.returncode == 2 and "need" in result.stderr and "CPUs" in result.stderr, result.stderr[-2000:]
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_bad_distributed_settings_are_refused_up_front(small_mazes, tmp_path):
+    import pytest
+
+    from mazerl.distributed.ray_grpo import RayBackendError, check_ray_address
+
+    with pytest.raises(RayBackendError, match="cannot reach the Ray cluster"):
+        check_ray_address("127.0.0.1:1", timeout_s=2)
+    with pytest.raises(RayBackendError, match="not HOST:PORT"):
+        check_ray_address("somewhere")
+    path, _ = _config(small_mazes, tmp_path, distributed={"ranks": 3, "rollout_workers": 1})
+    result = _train(path)
+    assert result.returncode == 2 and "does not divide" in result.stderr, result.stderr[-1500:]
+    unreachable = _train(_config(small_mazes, tmp_path)[0], env_extra={"RAY_ADDRESS": "127.0.0.1:1"})
+    assert unreachable.returncode == 2 and "cannot reach the Ray cluster" in unreachable.stderr, unreachable.stderr[-1500:]
