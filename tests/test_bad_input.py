@@ -410,16 +410,17 @@ def test_resume_rules(tiny_model_dir, small_mazes, tmp_path):
 
 def test_a_non_finite_loss_never_reaches_the_weights_or_a_checkpoint(tiny_model_dir, small_mazes, tmp_path, monkeypatch):
     import mazerl.rl.trainer as trainer_mod
+    import mazerl.rl.worker as worker_mod
     from mazerl.rl.optim import NonFiniteError
 
-    real = trainer_mod.token_logprobs
+    real = worker_mod.token_logprobs
 
     def poisoned(*args, **kwargs):  # what an overflow in the forward pass looks like to the update
         out = real(*args, **kwargs)
         out.logprobs = out.logprobs * float("inf")
         return out
 
-    monkeypatch.setattr(trainer_mod, "token_logprobs", poisoned)
+    monkeypatch.setattr(worker_mod, "token_logprobs", poisoned)
     out = tmp_path / "run"
     trainer = trainer_mod.GRPOTrainer(_trainer_config(tiny_model_dir, small_mazes, out, steps=2, optim={"lr": 1e-2},
                                                       group_size=4, max_turns=4, filter_zero_variance_groups=False))

@@ -32,7 +32,7 @@ def _train(path, *extra, env_extra=None):
 
 
 def test_two_ranks_and_a_rollout_actor_through_the_cli(small_mazes, tmp_path):
-    path, out = _config(small_mazes, tmp_path)
+    path, out = _config(small_mazes, tmp_path, kl_coef=0.01)  # the KL reference is sharded like the policy
     result = _train(path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = read_metrics(out / "metrics.jsonl")
@@ -41,6 +41,7 @@ def test_two_ranks_and_a_rollout_actor_through_the_cli(small_mazes, tmp_path):
     assert [r["rollout_versions"] for r in log] == [[0], [1], [2]]
     assert all(r["weights_lag"] == 0 and r["time/weight_sync"] > 0 for r in log)
     assert all("time/rank0_update" in r and "time/rank1_update" in r and "time/rollout_worker0" in r for r in log)
+    assert log[0]["kl"] == 0.0 and log[-1]["kl"] > 0.0  # step 1 trains from the reference weights; then they part
     for step in ("step-00000002", "step-00000003"):
         assert verify(out / "checkpoints" / step) is None
         assert json.loads((out / "checkpoints" / step / "state.json").read_text())["world_size"] == 2

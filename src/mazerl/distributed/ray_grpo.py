@@ -92,10 +92,15 @@ class TrainRank:
         seed_everything(self.cfg.seed)
         self.tp = open_policy(self.cfg.policy, self.cfg.lora)
         self.model = self.tp.policy.model
+        reference = None
+        if self.cfg.kl_coef > 0 and self.cfg.lora is None:  # the KL anchor, sharded like the policy
+            reference = open_policy(self.cfg.policy).policy.model.eval().requires_grad_(False)
         if self.world_size > 1:
             shard_policy(self.model)
+            if reference is not None:
+                shard_policy(reference)
         self.worker = PolicyWorker(self.model, self.tp.chat, self.tp.reply_choices, self.cfg, total_optimizer_steps,
-                                   rank=self.rank, world_size=self.world_size)
+                                   rank=self.rank, world_size=self.world_size, reference=reference)
         return True
 
     def train_step(self, batch, step: int) -> dict:

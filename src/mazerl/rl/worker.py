@@ -37,15 +37,17 @@ class MiniBatch:
 
 class PolicyWorker:
     def __init__(self, model, chat: ChatFormat, reply_choices: tuple[int, ...] | None, cfg: GRPOConfig,
-                 total_optimizer_steps: int, rank: int = 0, world_size: int = 1):
+                 total_optimizer_steps: int, rank: int = 0, world_size: int = 1, reference=None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         self.model, self.chat, self.choices, self.cfg = model, chat, reply_choices, cfg
         self.rank, self.world_size = rank, world_size
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(params, cfg.optim, total_optimizer_steps)
-        self.reference = None  # the KL anchor: the initial weights (a LoRA model uses itself, adapters off)
-        if cfg.kl_coef > 0 and cfg.lora is None:
+        # The KL anchor: the initial weights (a LoRA model uses itself, adapters off). A sharded policy
+        # passes a reference sharded the same way; in one process a copy will do.
+        self.reference = reference
+        if reference is None and cfg.kl_coef > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
 
     def _reference_logprobs(self, samples, sampling) -> torch.Tensor:
