@@ -37,6 +37,7 @@ tiny-base: install
 bench: install
 	$(PY) benchmarks/bench_mazes.py --json $(DEMO_OUT)/bench_mazes.json
 	$(PY) benchmarks/bench_rollout_update.py --json $(DEMO_OUT)/bench_rollout_update.json
+	$(PY) benchmarks/bench_distributed.py --out $(DEMO_OUT)/bench-distributed
 
 clean:
 	rm -rf outputs .pytest_cache

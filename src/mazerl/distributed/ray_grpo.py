@@ -87,6 +87,9 @@ class TrainRank:
         from ..rl.worker import PolicyWorker
         from .fsdp import shard_policy
 
+        # Ray gives an actor one intra-op thread per CPU it asked for; ranks compute while the rollout
+        # actors wait (and the other way round), so each may use its share of the node's cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
         backend = "nccl" if self.cfg.distributed.gpus_per_rank > 0 and torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         seed_everything(self.cfg.seed)
@@ -155,6 +158,7 @@ class RolloutWorker:
         from ..policy.trainable import open_policy
 
         self.cfg = GRPOConfig.model_validate(cfg_json)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.cfg.distributed.rollout_workers))  # see TrainRank.setup
         self.tp = open_policy(self.cfg.policy)
         self.tp.policy.model.eval()
         self.train_df = read_split(self.cfg.train_data)
