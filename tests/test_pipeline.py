@@ -137,12 +137,34 @@ def test_a_failed_task_names_itself_and_its_log_and_keeps_the_other_outputs(tmp_
 def test_training_backend_seam_refuses_what_it_does_not_have(tmp_path):
     from mazerl.workflow import TRAINING_BACKENDS, check_backend, cleanup_launched, train_grpo
 
-    assert TRAINING_BACKENDS == ("local",)
+    assert TRAINING_BACKENDS == ("local", "ray")
     check_backend("local")
-    assert "nothing" in cleanup_launched("local")
-    with pytest.raises(ConfigError, match=r"'rayjob' is not available .*available: local"):
+    assert "nothing" in cleanup_launched("local") and "backend ray" in cleanup_launched("ray")
+    with pytest.raises(ConfigError, match=r"'rayjob' is not available .*available: local, ray"):
         train_grpo("tiny", str(tmp_path), "tiny-grpo", str(tmp_path / "out"), backend="rayjob")
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_the_ray_backend_of_a_profile_reaches_the_ray_driver(monkeypatch, small_mazes, tmp_path):
+    """backend: ray routes train_grpo to the Ray driver with distributed.backend set (the driver
+    itself is tested for real in test_ray_backend.py)."""
+    import mazerl.distributed.ray_grpo as ray_grpo
+    from mazerl.workflow import train_grpo
+
+    seen = {}
+
+    class FakeDriver:  # records what it was given; stands in for starting a Ray cluster here
+        def __init__(self, cfg, on_step=None):
+            seen["cfg"] = cfg
+
+        def run(self, resume):
+            seen["resume"] = resume
+            return {"step": 0}
+
+    monkeypatch.setattr(ray_grpo, "RayGRPO", FakeDriver)
+    final, record = train_grpo("tiny-base", str(small_mazes), "tiny-grpo", str(tmp_path / "out"), backend="ray")
+    assert seen["cfg"].distributed.backend == "ray" and seen["resume"] == "auto"
+    assert seen["cfg"].train_data == str(small_mazes / "train.parquet") and final.endswith("final")
 
 
 def test_evaluation_plays_the_reference_splits_in_full(tmp_path):

@@ -88,7 +88,9 @@ class Profile(BaseModel):
 
     name: str
     kind: Literal["local", "hyperpod"]
-    backend: Literal["local", "rayjob"] = Field("local", description="where train_grpo runs: in its task pod, or as a KubeRay RayJob")
+    backend: Literal["local", "ray", "rayjob"] = Field(
+        "local", description="where train_grpo runs: in its task's process, on Ray from its task (RAY_ADDRESS or a Ray in "
+        "the pod), or as a KubeRay RayJob")
     task_gpus: int = Field(0, ge=0, description="nvidia.com/gpu for the warm-start, train and evaluate pods (backend local on a cluster)")
     images: Images
     storage: Storage

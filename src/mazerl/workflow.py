@@ -124,9 +124,11 @@ def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict
 
 
 # Where GRPO runs, by the profile's `backend`. "local": in this process (the KFP task pod, or
-# kfp.local here). The HyperPod launcher ("rayjob": a KubeRay RayJob with Ray, vLLM and FSDP2)
-# registers itself here when it lands; until then such a profile is refused before any work starts.
-TRAINING_BACKENDS = ("local",)
+# kfp.local here). "ray": the Ray backend (distributed/ray_grpo.py) from this task, on the Ray
+# cluster at RAY_ADDRESS or a Ray started in the task's pod; the job config's `distributed:` sizes
+# it. The HyperPod launcher ("rayjob": a KubeRay RayJob) registers itself here when it lands; until
+# then such a profile is refused before any work starts.
+TRAINING_BACKENDS = ("local", "ray")
 
 
 def check_backend(backend: str) -> None:
@@ -136,9 +138,10 @@ def check_backend(backend: str) -> None:
 
 
 def cleanup_launched(backend: str) -> str:
-    """The ExitHandler's step: the local backend launches nothing outside its own task."""
+    """The ExitHandler's step: the local and ray backends launch nothing that outlives their task
+    (the Ray driver kills its actors when it ends)."""
     check_backend(backend)
-    return "nothing to clean up (backend local)"
+    return f"nothing to clean up (backend {backend})"
 
 
 def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None,
@@ -147,7 +150,10 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
     from .rl.trainer import GRPOTrainer
 
     check_backend(backend)
-    cfg = load_config(GRPOConfig, config, _job_overrides(model, data_dir, out_dir, extra or {}))
+    overrides = _job_overrides(model, data_dir, out_dir, extra or {})
+    if backend == "ray":
+        overrides["distributed.backend"] = "ray"
+    cfg = load_config(GRPOConfig, config, overrides)
     deadline = cfg.max_minutes * 60 if cfg.max_minutes else None
     with Progress("train-grpo", cfg.steps, "step", deadline_s=deadline) as bar:
 
@@ -155,8 +161,13 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
             bar.update(step, reward=r.get("reward_mean"), success=r.get("success_rate"),
                        parse_fail=r.get("parse_failure_rate"), entropy=r.get("entropy"), heldout=r.get("eval/success"))
 
-        # a retried task resumes from its last checkpoint; with none, it starts over in its own output folder
-        record = GRPOTrainer(cfg, on_step).run(resume="auto", overwrite=True)
+        if cfg.distributed.backend == "ray":
+            from .distributed.ray_grpo import RayGRPO
+
+            record = RayGRPO(cfg, on_step).run(resume="auto")  # a retried task resumes from its last checkpoint
+        else:
+            # a retried task resumes from its last checkpoint; with none, it starts over in its own output folder
+            record = GRPOTrainer(cfg, on_step).run(resume="auto", overwrite=True)
     return str(Path(out_dir) / "final"), record
 
 
