@@ -91,8 +91,9 @@ def bench_ours(model: str, data: Path, out: Path, steps: int) -> dict:
         t1 = time.perf_counter()
         with PeakRSS() as mem:
             trainer.update(trajs)
-        t2 = time.perf_counter()
         trainer.step += 1
+        trainer.sync_weights()  # as the real loop does: the next rollout is tagged with the new version
+        t2 = time.perf_counter()
         times.append(t2 - t0)
         upd.append(t2 - t1)
         peaks.append(mem.peak_mb)
