@@ -43,16 +43,23 @@ def _mini_batches(model: str, mazes, n_batches: int = 2) -> list[MiniBatch]:
     return batches
 
 
-def _train(rank: int, world: int, model: str, batches: list[MiniBatch], out_file: str | None) -> dict:
-    from mazerl.distributed.fsdp import full_state_dict, shard_policy
+def _rank_worker(rank: int, world: int, model: str, optimizer_steps: int):
+    """This rank's policy (sharded when there are several ranks), its worker and sampling settings."""
+    from mazerl.distributed.fsdp import shard_policy
 
     cfg = _config(model)
     tp = open_policy(cfg.policy)
-    model_ = tp.policy.model
     if world > 1:
-        shard_policy(model_)
-    worker = PolicyWorker(model_, tp.chat, tp.reply_choices, cfg, total_optimizer_steps=len(batches), rank=rank, world_size=world)
-    sampling = tp.sampling(temperature=1.0)
+        shard_policy(tp.policy.model)
+    worker = PolicyWorker(tp.policy.model, tp.chat, tp.reply_choices, cfg, total_optimizer_steps=optimizer_steps,
+                          rank=rank, world_size=world)
+    return tp.policy.model, worker, tp.sampling(temperature=1.0)
+
+
+def _train(rank: int, world: int, model: str, batches: list[MiniBatch], out_file: str | None) -> dict:
+    from mazerl.distributed.fsdp import full_state_dict
+
+    model_, worker, sampling = _rank_worker(rank, world, model, len(batches))
     steps = [worker.train_step(b, sampling, i + 1) for i, b in enumerate(batches)]
     losses = torch.tensor([s["loss"] for s in steps], dtype=torch.float64)
     if world > 1:
@@ -88,15 +95,9 @@ def test_two_fsdp_ranks_make_the_same_update_as_one_process(small_mazes, tmp_pat
 def _train_with_checkpoint(rank: int, world: int, model: str, batches: list[MiniBatch], ckpt: str, mode: str, out_file: str):
     """mode 'save': step 1, checkpoint, step 2; mode 'resume': load the checkpoint, step 2."""
     from mazerl.distributed.checkpoint import load_sharded, save_sharded
-    from mazerl.distributed.fsdp import full_state_dict, shard_policy
+    from mazerl.distributed.fsdp import full_state_dict
 
-    cfg = _config(model)
-    tp = open_policy(cfg.policy)
-    model_ = tp.policy.model
-    if world > 1:
-        shard_policy(model_)
-    worker = PolicyWorker(model_, tp.chat, tp.reply_choices, cfg, total_optimizer_steps=len(batches), rank=rank, world_size=world)
-    sampling = tp.sampling(temperature=1.0)
+    model_, worker, sampling = _rank_worker(rank, world, model, len(batches))
     if mode == "save":
         worker.train_step(batches[0], sampling, 1)
         save_sharded(ckpt, model_, worker.optimizer, worker.scheduler, {"step": 1}, rank, world)

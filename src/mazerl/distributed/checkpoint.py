@@ -12,7 +12,6 @@ ranks resumes on M ranks (1 <-> 2 tested); with the same number of ranks the res
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..atomic import write_json
-from ..rl.checkpoint import MANIFEST, CheckpointMismatchError, verify
+from ..rl.checkpoint import MANIFEST, CheckpointMismatchError, sha256_file, verify
 
 STATE = "state.json"
 
@@ -47,14 +46,6 @@ def _rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def save_sharded(target: str | Path, model, optimizer, scheduler, state: dict, rank: int = 0, world_size: int = 1) -> Path:
     """Collective: every rank calls it with the same `target`. Returns the final directory."""
     target = Path(target)
@@ -69,7 +60,7 @@ def save_sharded(target: str | Path, model, optimizer, scheduler, state: dict, r
     _barrier()  # every shard is on disk before the manifest says the checkpoint exists
     if rank == 0:
         write_json(tmp / STATE, {**state, "world_size": world_size})
-        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         write_json(tmp / MANIFEST, {"step": state.get("step"), "files": files})
         if target.exists():
             shutil.rmtree(target)

@@ -28,7 +28,7 @@ from ..metrics import MetricsWriter
 from ..rl.checkpoint import CheckpointManager, verify
 from ..rl.config import GRPOConfig
 from ..rl.data import MazeSampler
-from ..rl.driver import GRPODriver, episode_metrics
+from ..rl.driver import GRPODriver, episode_metrics, update_stats
 
 log = logging.getLogger(__name__)
 # Fault injection for the tests: a rollout actor exits during this step (never set in real runs).
@@ -262,21 +262,15 @@ class RayGRPO(GRPODriver):
         lag = self.check_versions(trajs)
         batches, stats = self.mini_batches(trajs)
         per_rank_seconds = [0.0] * len(self.ranks)
-        totals = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "tokens": 0, "train_tokens": 0}
-        norms, lr = [], None
+        counted, lr = [], None
         for batch in batches:
             outs = self._on_all_ranks("train_step", batch, self.step + 1)
             for r, out in enumerate(outs):
                 per_rank_seconds[r] += out["seconds"]
-                for k in totals:
-                    totals[k] += out[k]
-            if outs[0]["grad_norm"] is not None:
-                norms.append(outs[0]["grad_norm"])  # the whole mini-batch's norm, the same on every rank
+            # token sums add up over ranks; the gradient norm is the whole mini-batch's, the same on every rank
+            counted += [outs[0]] + [{**o, "grad_norm": None} for o in outs[1:]]
             lr = outs[0]["lr"]
-        t = max(1, totals["tokens"])
-        stats.update(entropy=totals["entropy"] / t, kl=totals["kl"] / t, clip_fraction=totals["clip_fraction"] / t,
-                     pg_loss=totals["pg_loss"] / t, grad_norm=sum(norms) / max(1, len(norms)), optimizer_steps=len(norms),
-                     loss_tokens=totals["tokens"], train_tokens=totals["train_tokens"], lr=lr, weights_lag=lag,
+        stats.update(update_stats(counted, lr), weights_lag=lag,
                      **{f"time/rank{r}_update": s for r, s in enumerate(per_rank_seconds)})
         return stats
 

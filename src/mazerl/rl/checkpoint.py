@@ -28,7 +28,7 @@ _STEP_DIR = re.compile(r"^step-(\d{8})$")
 MANIFEST = "manifest.json"
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -54,7 +54,7 @@ def verify(path: Path) -> str | None:
     if missing:
         return f"missing files: {', '.join(missing)}"
     for rel, digest in listed.items():
-        if _sha256(path / rel) != digest:
+        if sha256_file(path / rel) != digest:
             return f"{rel} does not match its hash"
     return None
 
@@ -85,7 +85,7 @@ class CheckpointManager:
                 write_json(tmp / "model" / "mazerl_policy.json", view)
             torch.save(trainer_state, tmp / "trainer_state.pt")
             write_json(tmp / "state.json", state)
-            files = {str(p.relative_to(tmp)): _sha256(p) for p in _files(tmp)}
+            files = {str(p.relative_to(tmp)): sha256_file(p) for p in _files(tmp)}
             write_json(tmp / MANIFEST, {"step": step, "files": files})
         write_text(self.root / "latest", target.name + "\n")
         self.prune()

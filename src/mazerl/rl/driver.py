@@ -48,6 +48,18 @@ def turn_state_keys(traj: Trajectory) -> list[tuple]:
     return keys
 
 
+def update_stats(step_outputs: list[dict], lr: float) -> dict:
+    """One update's metrics from its worker-step outputs (`PolicyWorker.train_step`, every mini-batch
+    and, on Ray, every rank): token-weighted means, and the mean gradient norm over optimizer steps
+    (the norm is the whole mini-batch's, so one rank's value per mini-batch is passed)."""
+    totals = {k: sum(o[k] for o in step_outputs) for k in ("entropy", "kl", "clip_fraction", "pg_loss", "tokens", "train_tokens")}
+    norms = [o["grad_norm"] for o in step_outputs if o.get("grad_norm") is not None]
+    t = max(1, totals["tokens"])
+    return {"entropy": totals["entropy"] / t, "kl": totals["kl"] / t, "clip_fraction": totals["clip_fraction"] / t,
+            "pg_loss": totals["pg_loss"] / t, "grad_norm": sum(norms) / max(1, len(norms)), "optimizer_steps": len(norms),
+            "loss_tokens": totals["tokens"], "train_tokens": totals["train_tokens"], "lr": lr}
+
+
 class GRPODriver:
     """Needs `cfg` (GRPOConfig) and `step` (updates applied so far)."""
 

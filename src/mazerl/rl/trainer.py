@@ -34,7 +34,7 @@ from .checkpoint import CheckpointManager, load_model_weights, load_trainer_stat
 from .common import greedy_success, rng_state, seed_everything, set_rng_state
 from .config import GRPOConfig
 from .data import MazeSampler
-from .driver import GRPODriver, StaleRolloutError, episode_metrics, turn_state_keys  # noqa: F401 (re-exported)
+from .driver import GRPODriver, StaleRolloutError, episode_metrics, turn_state_keys, update_stats  # noqa: F401 (re-exported)
 from .worker import PolicyWorker
 
 log = logging.getLogger(__name__)
@@ -168,21 +168,8 @@ class GRPOTrainer(GRPODriver):
         lag = self.check_versions(trajs)
         batches, stats = self.mini_batches(trajs)
         sampling = self.tp.sampling(temperature=cfg.temperature, top_p=cfg.top_p)  # what the rollouts sampled with
-        totals = {"entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "pg_loss": 0.0, "tokens": 0, "train_tokens": 0}
-        norms = []
-        for batch in batches:
-            out = self.worker.train_step(batch, sampling, self.step + 1)
-            for k in totals:
-                totals[k] += out[k]
-            if out["grad_norm"] is not None:
-                norms.append(out["grad_norm"])
-        t = max(1, totals["tokens"])
-        stats.update(
-            entropy=totals["entropy"] / t, kl=totals["kl"] / t, clip_fraction=totals["clip_fraction"] / t,
-            pg_loss=totals["pg_loss"] / t, grad_norm=sum(norms) / max(1, len(norms)), optimizer_steps=len(norms),
-            loss_tokens=totals["tokens"], train_tokens=totals["train_tokens"], lr=self.scheduler.get_last_lr()[0],
-            weights_lag=lag,
-        )
+        outputs = [self.worker.train_step(batch, sampling, self.step + 1) for batch in batches]
+        stats.update(update_stats(outputs, self.scheduler.get_last_lr()[0]), weights_lag=lag)
         return stats
 
     def sync_weights(self) -> float:
