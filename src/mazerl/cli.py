@@ -366,6 +366,9 @@ def train_grpo_cmd(
     except ConfigError as err:
         _fail(str(err))
     check_resume_arg(resume, Path(cfg.output_dir) / "checkpoints")
+    from .rollout.factory import check_engine_available
+
+    check_engine_available(cfg.policy)  # before any work: vLLM asked for where it is not installed
     if cfg.distributed.backend == "ray":
         from .distributed.ray_grpo import RayGRPO
 
@@ -397,6 +400,7 @@ def eval_cmd(
     history_turns: Annotated[Optional[int], typer.Option(help="override the model's saved view")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help="override the model's saved view")] = None,
     seed: Annotated[int, typer.Option(help="seed for sampling and the random agent")] = 0,
+    engine: Annotated[str, typer.Option(help="inference engine: hf (transformers) | vllm (needs vLLM installed)")] = "hf",
     overwrite: Annotated[bool, typer.Option(help="replace a non-empty --out")] = False,
 ) -> None:
     """Play every maze of the given splits; write episodes.parquet, summary.json and reports."""
@@ -434,6 +438,13 @@ def eval_cmd(
             assumed = ", ".join(f"{k} {v}" for k, v in view.view().items())
             err_console.print(f"[yellow]notice:[/] {resolved} has no {PolicyConfig.VIEW_FILE}; assumed view settings: "
                               + _escape(assumed), soft_wrap=True, highlight=False)
+    if engine not in ("hf", "vllm"):
+        _fail(f"unknown --engine {engine!r}: allowed hf, vllm")
+    if view is not None and engine != view.engine:
+        from .rollout.factory import check_engine_available
+
+        view = view.model_copy(update={"engine": engine})
+        check_engine_available(view)
     try:
         cfg = EvalConfig(policy=policy, model=view, data=[str(d) for d in data], out=str(out), samples=samples,
                          temperature=temperature, max_turns=max_turns, seed=seed, overwrite=overwrite)

@@ -73,15 +73,24 @@ def _require_ray():
 class TrainRank:
     """One training rank: its share of every mini-batch, FSDP2 shards of the policy and optimizer."""
 
-    def __init__(self, cfg_json: dict, rank: int, world_size: int, master_addr: str, master_port: int):
+    def __init__(self, cfg_json: dict, rank: int, world_size: int):
         self.cfg = GRPOConfig.model_validate(cfg_json)
         self.rank, self.world_size = rank, world_size
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size))
 
-    def setup(self, total_optimizer_steps: int) -> bool:
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's address and a port free on it (asked of rank 0: the process group meets there)."""
+        import ray
+
+        from .group import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, total_optimizer_steps: int, master_addr: str, master_port: int) -> bool:
         """Join the process group (every rank calls this together), open and shard the policy."""
         import torch.distributed as dist
 
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size))
         from ..policy.trainable import open_policy
         from ..rl.common import seed_everything
         from ..rl.worker import PolicyWorker
@@ -93,11 +102,11 @@ class TrainRank:
         backend = "nccl" if self.cfg.distributed.gpus_per_rank > 0 and torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         seed_everything(self.cfg.seed)
-        self.tp = open_policy(self.cfg.policy, self.cfg.lora)
+        self.tp = open_policy(self.cfg.policy, self.cfg.lora, with_engine=False)  # rollouts are the rollout actors' job
         self.model = self.tp.policy.model
         reference = None
         if self.cfg.kl_coef > 0 and self.cfg.lora is None:  # the KL anchor, sharded like the policy
-            reference = open_policy(self.cfg.policy).policy.model.eval().requires_grad_(False)
+            reference = open_policy(self.cfg.policy, with_engine=False).policy.model.eval().requires_grad_(False)
         if self.world_size > 1:
             shard_policy(self.model)
             if reference is not None:
@@ -112,6 +121,8 @@ class TrainRank:
         out = self.worker.train_step(batch, sampling, step)
         out["seconds"] = time.perf_counter() - t0
         out["lr"] = self.worker.scheduler.get_last_lr()[0]
+        if torch.cuda.is_available():
+            out["gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         return out
 
     def full_state_dict(self) -> dict | None:
@@ -139,7 +150,7 @@ class TrainRank:
         state = self.full_state_dict()
         if self.rank != 0:
             return None
-        plain = open_policy(self.cfg.policy, self.cfg.lora)
+        plain = open_policy(self.cfg.policy, self.cfg.lora, with_engine=False)
         plain.policy.model.load_state_dict(state, strict=True)
         save_model_dir(plain.policy.model, plain.policy.processor, target, self.cfg.policy)
         return target
@@ -179,11 +190,21 @@ class RolloutWorker:
 
     def sync(self, weights: dict, version: int) -> float:
         t0 = time.perf_counter()
-        self.tp.engine.sync_weights(weights, version)
+        from ..policy.trainable import serving_weights
+
+        self.tp.engine.sync_weights(serving_weights(weights, self.cfg.lora), version)
         return time.perf_counter() - t0
 
     def version(self) -> int:
         return self.tp.engine.weights_version
+
+    def sleep(self) -> None:
+        if hasattr(self.tp.engine, "sleep"):
+            self.tp.engine.sleep()
+
+    def wake(self) -> None:
+        if hasattr(self.tp.engine, "wake"):
+            self.tp.engine.wake()
 
 
 class RayGRPO(GRPODriver):
@@ -213,22 +234,50 @@ class RayGRPO(GRPODriver):
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise RayBackendError(f"cannot connect to Ray at RAY_ADDRESS={address!r}: {str(err).splitlines()[0]}") from None
         available = ray.cluster_resources()
-        need_cpu = (d.ranks + d.rollout_workers) * d.cpus_per_actor
-        need_gpu = d.ranks * d.gpus_per_rank
+        bundles = self._bundles()
+        need_cpu = sum(b.get("CPU", 0) for b in bundles)
+        need_gpu = sum(b.get("GPU", 0) for b in bundles)
         if available.get("CPU", 0) < need_cpu or available.get("GPU", 0) < need_gpu:
             raise RayBackendError(f"{d.ranks} ranks + {d.rollout_workers} rollout workers need {need_cpu:g} CPUs and "
                                   f"{need_gpu:g} GPUs; this Ray cluster has {available.get('CPU', 0):g} CPUs and "
                                   f"{available.get('GPU', 0):g} GPUs")
-        from .group import free_port
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        # one bundle per rank (colocated: the rank and its rollout actor share it) and, split, one per
+        # rollout actor; PACK keeps a job's ranks on as few nodes as fit
+        self.placement = placement_group(bundles, strategy="PACK")
+        try:
+            ray.get(self.placement.ready(), timeout=d.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(self.placement)
+            raise RayBackendError(f"Ray could not place {len(bundles)} bundles {bundles} within {d.placement_timeout_s:g} s "
+                                  "(resources are there in total but not free, or not on fitting nodes)") from None
+
+        def at(bundle: int):
+            return PlacementGroupSchedulingStrategy(placement_group=self.placement, placement_group_bundle_index=bundle)
+
+        colocated = d.placement == "colocated"
+        share = 0.5 if colocated else 1.0  # colocated: the rank and its engine split the bundle
         cfg_json = cfg.model_dump(mode="json")
-        rank_cls = ray.remote(num_cpus=d.cpus_per_actor, num_gpus=d.gpus_per_rank)(TrainRank)
-        rollout_cls = ray.remote(num_cpus=d.cpus_per_actor)(RolloutWorker)
-        port = free_port()
-        self.ranks = [rank_cls.remote(cfg_json, r, d.ranks, "127.0.0.1", port) for r in range(d.ranks)]
+        rank_cls = ray.remote(num_cpus=d.cpus_per_actor, num_gpus=d.gpus_per_rank * share)(TrainRank)
+        rollout_gpus = d.gpus_per_rank * share if colocated else d.gpus_per_rollout_worker
+        rollout_cls = ray.remote(num_cpus=d.cpus_per_actor, num_gpus=rollout_gpus)(RolloutWorker)
+        self.ranks = [rank_cls.options(scheduling_strategy=at(r)).remote(cfg_json, r, d.ranks) for r in range(d.ranks)]
+        # the process group's rendezvous is rank 0's node, on a port free there
+        master_addr, master_port = ray.get(self.ranks[0].rendezvous_address.remote())
         mini = cfg.mini_batch_mazes or cfg.mazes_per_step
-        ray.get([r.setup.remote(cfg.steps * (cfg.mazes_per_step // mini)) for r in self.ranks])
-        self.rollouts = [rollout_cls.remote(cfg_json) for _ in range(d.rollout_workers)]
+        ray.get([r.setup.remote(cfg.steps * (cfg.mazes_per_step // mini), master_addr, master_port) for r in self.ranks])
+        self.rollouts = [rollout_cls.options(scheduling_strategy=at(k if colocated else d.ranks + k)).remote(cfg_json)
+                         for k in range(d.rollout_workers)]
+
+    def _bundles(self) -> list[dict]:
+        d = self.cfg.distributed
+        if d.placement == "colocated":
+            return [{"CPU": 2 * d.cpus_per_actor, **({"GPU": d.gpus_per_rank} if d.gpus_per_rank else {})}] * d.ranks
+        rank = {"CPU": d.cpus_per_actor, **({"GPU": d.gpus_per_rank} if d.gpus_per_rank else {})}
+        rollout = {"CPU": d.cpus_per_actor, **({"GPU": d.gpus_per_rollout_worker} if d.gpus_per_rollout_worker else {})}
+        return [rank] * d.ranks + [rollout] * d.rollout_workers
 
     def _on_all_ranks(self, method: str, *args) -> list:
         return self.ray.get([getattr(r, method).remote(*args) for r in self.ranks])
@@ -239,6 +288,7 @@ class RayGRPO(GRPODriver):
         finally:
             for a in [*self.ranks, *self.rollouts]:
                 self.ray.kill(a)
+            self.ray.util.remove_placement_group(self.placement)
 
     # ---- one step --------------------------------------------------------------------------------
     def collect(self) -> tuple[list, list[float]]:
@@ -267,12 +317,18 @@ class RayGRPO(GRPODriver):
             outs = self._on_all_ranks("train_step", batch, self.step + 1)
             for r, out in enumerate(outs):
                 per_rank_seconds[r] += out["seconds"]
+                if "gpu_memory_gb" in out:
+                    stats[f"gpu_memory_gb/rank{r}"] = out["gpu_memory_gb"]
             # token sums add up over ranks; the gradient norm is the whole mini-batch's, the same on every rank
             counted += [outs[0]] + [{**o, "grad_norm": None} for o in outs[1:]]
             lr = outs[0]["lr"]
         stats.update(update_stats(counted, lr), weights_lag=lag,
                      **{f"time/rank{r}_update": s for r, s in enumerate(per_rank_seconds)})
         return stats
+
+    def _engines(self, method: str) -> None:
+        if self.cfg.distributed.placement == "colocated":
+            self.ray.get([getattr(w, method).remote() for w in self.rollouts])
 
     def sync_weights(self) -> float:
         t0 = time.perf_counter()
@@ -319,11 +375,15 @@ class RayGRPO(GRPODriver):
                     t0 = time.perf_counter()
                     trajs, worker_seconds = self.collect()
                     t1 = time.perf_counter()
+                    self._engines("sleep")  # colocated: the engines give the GPU to the update (where they can)
                     upd = self.update(trajs)
                     self.step += 1
                     t2 = time.perf_counter()
+                    self._engines("wake")
                     sync_s = self.sync_weights()
+                    context_tokens = sum(len(s.ids) for t in trajs for s in t.samples())
                     record = {"step": self.step, **episode_metrics(trajs), **upd, "time/rollout": t1 - t0,
+                              "rollout_tokens_per_s": context_tokens / max(t1 - t0, 1e-9),
                               "time/update": t2 - t1, "time/weight_sync": sync_s,
                               "rollout_versions": sorted({t.weights_version for t in trajs}),
                               **{f"time/rollout_worker{k}": s for k, s in enumerate(worker_seconds)},

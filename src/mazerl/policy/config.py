@@ -12,6 +12,17 @@ from ..rollout.engine import SamplingParams
 from ..rollout.multiturn import HistoryConfig
 
 
+class VLLMSettings(BaseModel):
+    """How the vLLM engine is sized (engine: vllm)."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    max_model_len: int = Field(4096, ge=64, description="longest prompt + reply, in tokens")
+    max_images_per_prompt: int = Field(8, ge=1, description="images one prompt may carry (history.images + 1 is enough)")
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="GPU share vLLM may take (colocated: leave room for training)")
+    enable_sleep_mode: bool = Field(False, description="sleep during updates (GPU only; colocated mode)")
+
+
 class PolicyConfig(BaseModel):
     """Which model, and how mazes are shown to it."""
 
@@ -25,7 +36,8 @@ class PolicyConfig(BaseModel):
     render_scale: float = Field(1.0, gt=0.0, le=8.0, description="draw mazes at square_px x this (tiny model: 1.28 -> 32 px)")
     max_new_tokens: int = Field(16, ge=1, le=32768, description="per turn (reference run: 1024)")
     max_batch: int = Field(64, ge=1, description="sequences per generate call")
-    engine: Literal["hf"] = Field("hf", description="inference engine for rollouts and evaluation (rollout/factory.py)")
+    engine: Literal["hf", "vllm"] = Field("hf", description="inference engine for rollouts and evaluation (rollout/factory.py)")
+    vllm: VLLMSettings = Field(default_factory=lambda: VLLMSettings(), description="used when engine is 'vllm'")
     reply_grammar: Literal["free", "action"] = Field(
         "free", description="'action': every reply is exactly <action>WORD</action> (decoding constrained, same in training)")
 

@@ -18,7 +18,7 @@ from .prompts import PROMPTS
 class TrainablePolicy:
     policy: Policy
     chat: ChatFormat
-    engine: InferenceEngine
+    engine: InferenceEngine | None  # None when opened for training only (a Ray training rank)
     config: PolicyConfig
     reply_choices: tuple[int, ...] | None = None  # the action grammar's word ids (None: free replies)
 
@@ -29,7 +29,8 @@ class TrainablePolicy:
                                     banned_ids=tuple(self.chat.banned_reply_ids))
 
 
-def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None) -> TrainablePolicy:
+def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None, with_engine: bool = True) -> TrainablePolicy:
+    """The model and its chat format, and (with_engine) the inference engine `cfg.engine` names."""
     policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
     if lora is not None:
         from peft import LoraConfig, get_peft_model
@@ -41,7 +42,8 @@ def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None) -> Trainabl
     policy.model.train()
     chat = ChatFormat(policy.processor, system_prompt=PROMPTS[cfg.prompt])
     choices = ActionGrammar.from_chat(chat).word_ids if cfg.reply_grammar == "action" else None
-    return TrainablePolicy(policy, chat, make_engine(cfg, policy.model, chat), cfg, choices)
+    engine = make_engine(cfg, policy.model, chat) if with_engine else None
+    return TrainablePolicy(policy, chat, engine, cfg, choices)
 
 
 def save_model_dir(model, processor, target, view: PolicyConfig | None = None) -> None:
@@ -59,3 +61,31 @@ def save_model_dir(model, processor, target, view: PolicyConfig | None = None) -
         processor.save_pretrained(tmp)
         if view is not None:
             write_json(tmp / PolicyConfig.VIEW_FILE, view.view())
+
+
+def serving_weights(state: dict, lora: LoraSettings | None = None) -> dict:
+    """A trainer's state dict in the plain Hugging Face keys an engine with its own copy loads.
+
+    A LoRA (peft) model's keys are `base_model.model.<name>`, and each adapted layer holds
+    `base_layer.weight`, `lora_A.default.weight`, `lora_B.default.weight`: those become one merged
+    weight, W + (alpha / r) B A, exactly what peft's merge_and_unload computes."""
+    prefix = "base_model.model."
+    if not any(k.startswith(prefix) for k in state):
+        return state
+    if lora is None:
+        raise ValueError("these weights are a LoRA model's (peft keys) but no LoRA settings were given to merge them")
+    scale = lora.alpha / lora.r
+    plain: dict = {}
+    for key, value in state.items():
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        if ".lora_A." in name or ".lora_B." in name or ".lora_dropout" in name:
+            continue
+        if ".base_layer." in name:
+            module, _, leaf = name.partition(".base_layer.")
+            if leaf == "weight":
+                a = state[f"{prefix}{module}.lora_A.default.weight"].float()
+                b = state[f"{prefix}{module}.lora_B.default.weight"].float()
+                value = (value.float() + scale * (b @ a)).to(value.dtype)
+            name = f"{module}.{leaf}"
+        plain[name] = value
+    return plain

@@ -36,6 +36,11 @@ class DistributedSettings(BaseModel):
     rollout_workers: int = Field(1, ge=1, le=1024)
     cpus_per_actor: float = Field(1.0, gt=0.0, description="Ray CPUs each rank and rollout actor asks for")
     gpus_per_rank: float = Field(0.0, ge=0.0, description="Ray GPUs per training rank (0: CPU and gloo)")
+    gpus_per_rollout_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout actor in split placement")
+    placement: Literal["split", "colocated"] = Field(
+        "split", description="split: ranks and rollout actors on their own resources; colocated: rollout actor k shares "
+        "rank k's bundle (its GPU), and engines that can sleep do so during updates (then rollout_workers = ranks)")
+    placement_timeout_s: float = Field(600.0, gt=0.0, description="how long to wait for Ray to place every actor")
 
 
 class GRPOConfig(BaseModel):
@@ -103,6 +108,11 @@ class GRPOConfig(BaseModel):
         if d.backend == "ray" and self.mazes_per_step < d.rollout_workers:
             raise ValueError(f"distributed.rollout_workers = {d.rollout_workers} is more than mazes_per_step = "
                              f"{self.mazes_per_step}: some workers would have nothing to play")
+        if d.placement == "colocated" and d.rollout_workers != d.ranks:
+            raise ValueError(f"distributed.placement 'colocated' puts one rollout actor beside each rank: set "
+                             f"rollout_workers = ranks ({d.ranks}), not {d.rollout_workers}")
+        if d.placement == "colocated" and d.gpus_per_rollout_worker:
+            raise ValueError("distributed.gpus_per_rollout_worker is for split placement; colocated actors share their rank's GPU")
         if d.backend == "local" and (d.ranks > 1 or d.rollout_workers > 1):
             raise ValueError("distributed.ranks and rollout_workers > 1 need distributed.backend: ray")
         if self.episode_advantage_weight == 0 and self.turn_advantage_weight == 0:

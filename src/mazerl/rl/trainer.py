@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
-from ..policy.trainable import open_policy, save_model_dir
+from ..policy.trainable import open_policy, save_model_dir, serving_weights
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
 from .common import greedy_success, rng_state, seed_everything, set_rng_state
@@ -175,16 +175,23 @@ class GRPOTrainer(GRPODriver):
     def sync_weights(self) -> float:
         """After an update: the rollout engine serves the new weights, tagged with the new version."""
         t0 = time.perf_counter()
-        # the in-process engine serves this very module, so there is nothing to copy; a remote engine
-        # (a Ray rollout actor) receives the gathered state dict instead
-        self.tp.engine.sync_weights(None, version=self.step)
+        self._sync_engine()
         return time.perf_counter() - t0
+
+    def _sync_engine(self) -> None:
+        # the in-process HF engine serves this very module, so there is nothing to copy; an engine with
+        # its own copy (vLLM) gets the weights in plain keys, LoRA adapters merged
+        engine = self.tp.engine
+        weights = None
+        if not engine.shares_module:
+            weights = serving_weights(self.tp.policy.model.state_dict(), self.cfg.lora)
+        engine.sync_weights(weights, version=self.step)
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self, resume: str = "auto", overwrite: bool = False) -> dict:
         cfg = self.cfg
         resumed = self.resume(resume, overwrite)
-        self.tp.engine.sync_weights(None, version=self.step)  # version = updates applied so far
+        self._sync_engine()  # version = updates applied so far (the resumed weights, on resume)
         metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
         kill_after = int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0)
         proc = psutil.Process()

@@ -58,6 +58,31 @@ class _SampledLogprobs(LogitsProcessor):
         return torch.stack(self.taken, dim=1) if self.taken else torch.zeros((sequences.shape[0], 0))
 
 
+class _PerRequestSampler(LogitsProcessor):
+    """Draws each row's next token from that row's own generator (its request's seed), then leaves
+    only that token finite, so generate's greedy step takes it. A request's sample therefore never
+    depends on which other requests share its batch, and the process's global RNG is not touched.
+    Temperature, top-p and the banned tokens are applied here, exactly once."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float, banned_ids: tuple[int, ...], device):
+        self.temperature, self.top_p, self.banned = temperature, top_p, list(banned_ids)
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        z = scores.float() / self.temperature
+        z[:, self.banned] = float("-inf")
+        probs = torch.softmax(z, dim=-1)
+        if self.top_p < 1.0:  # nucleus: the smallest set of most likely tokens with mass >= top_p
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= self.top_p
+            sorted_p[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        chosen = torch.stack([torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)])
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(-1, chosen, 0.0)
+        return out
+
+
 class SamplingParams(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
@@ -98,6 +123,7 @@ class InferenceEngine(Protocol):
         ...
 
     weights_version: int  # updates applied to the weights it samples with
+    shares_module: bool  # True: serves the trainer's own module (in-process HF); False: needs the weights on sync
 
     def sync_weights(self, weights: dict[str, torch.Tensor] | None, version: int) -> None:
         """Generate with the trainer's weights after `version` updates from now on. `weights`: a full
@@ -115,6 +141,8 @@ def vision_inputs(image_processor, images: list[np.ndarray]) -> dict[str, torch.
 
 class HFEngine:
     """transformers `generate` with a KV cache, batched with left padding."""
+
+    shares_module = True  # in-process it serves the trainer's module; a Ray rollout actor passes weights anyway
 
     def __init__(self, model, image_processor, end_of_turn_id: int, pad_id: int, image_token_id: int,
                  max_batch: int = 64, grammar: ActionGrammar | None = None):
@@ -150,13 +178,13 @@ class HFEngine:
             raise GrammarError("this model's tokenizer cannot express the action grammar: use reply_grammar 'free'")
         for start in range(0, len(order), self.max_batch):
             chunk = order[start : start + self.max_batch]
+            seeds = [requests[i].seed if requests[i].seed is not None else derive_seed(params.seed, call_id, "request", i)
+                     for i in chunk]
             if params.grammar == "action":
-                seeds = [requests[i].seed if requests[i].seed is not None else derive_seed(params.seed, call_id, "request", i)
-                         for i in chunk]
                 outs = self._choose_actions([requests[i] for i in chunk], params, seeds)
             else:
                 try:
-                    outs = self._generate_batch([requests[i] for i in chunk], params, derive_seed(params.seed, call_id, start))
+                    outs = self._generate_batch([requests[i] for i in chunk], params, seeds)
                 except RuntimeError as err:
                     if "inf" in str(err) and "nan" in str(err):  # torch.multinomial on non-finite probabilities
                         raise DamagedModelError(DAMAGED) from None
@@ -213,7 +241,7 @@ class HFEngine:
             outs.append(GenerationOutput(ids=ids, logprobs=lps, finished=True, forced=forced, weights_version=self.weights_version))
         return outs
 
-    def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams, seed: int) -> list[GenerationOutput]:
+    def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams, seeds: list[int]) -> list[GenerationOutput]:
         device = next(self.model.parameters()).device
         width = max(len(r.ids) for r in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
@@ -228,28 +256,24 @@ class HFEngine:
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
         sample = not params.greedy
+        # generate() itself always takes the best-scoring token: when sampling, _PerRequestSampler has
+        # already drawn it per request and left it the only finite score
         gen_kwargs = dict(
             max_new_tokens=params.max_new_tokens,
-            do_sample=sample,
+            do_sample=False, temperature=None, top_p=None, top_k=None,
             eos_token_id=self.end_id,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             suppress_tokens=list(params.banned_ids) or None,
         )
-        if sample:
-            gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
-        else:
-            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
         recorder = _SampledLogprobs(params.temperature if sample else 1.0, params.banned_ids)
+        processors = [recorder]  # first: it reads the model's scores before the sampler replaces them
+        if sample:
+            processors.append(_PerRequestSampler(seeds, params.temperature, params.top_p, params.banned_ids, device))
         was_training = self.model.training
         self.model.eval()
-        # generate() samples from the global generator: seed it inside a fork, so the process's RNG
-        # (the trainer's, the data sampler's) is left exactly as it was
-        devices = [device] if device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(seed)
-                out = self.model.generate(**inputs, **gen_kwargs, logits_processor=LogitsProcessorList([recorder]))
+            out = self.model.generate(**inputs, **gen_kwargs, logits_processor=LogitsProcessorList(processors))
         finally:
             self.model.train(was_training)
         new = out.sequences[:, width:].cpu()

@@ -15,4 +15,19 @@ def make_engine(cfg: PolicyConfig, model, chat: ChatFormat) -> InferenceEngine:
     """The engine `cfg.engine` names, serving `model` (the in-process HF engine shares its weights)."""
     if cfg.engine == "hf":
         return HFEngine.from_chat(model, chat, max_batch=cfg.max_batch)
-    raise ValueError(f"unknown engine {cfg.engine!r}: allowed hf")
+    if cfg.engine == "vllm":
+        from .vllm_engine import VLLMEngine
+
+        v = cfg.vllm
+        return VLLMEngine(cfg.model, chat, dtype=cfg.dtype, max_model_len=v.max_model_len,
+                          max_images_per_prompt=v.max_images_per_prompt, gpu_memory_utilization=v.gpu_memory_utilization,
+                          enable_sleep_mode=v.enable_sleep_mode)
+    raise ValueError(f"unknown engine {cfg.engine!r}: allowed hf, vllm")
+
+
+def check_engine_available(cfg: PolicyConfig) -> None:
+    """Before any work starts: the engine the config names can run in this Python."""
+    if cfg.engine == "vllm":
+        from .vllm_engine import require_vllm
+
+        require_vllm()

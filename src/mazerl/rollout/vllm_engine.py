@@ -1,0 +1,227 @@
+"""The vLLM inference engine: the same `InferenceEngine` contract as HFEngine, served by vLLM.
+
+vLLM is an optional dependency (`pip install 'mazerl[vllm]'` on GPU; `make vllm-env` builds its CPU
+build in a venv of its own). It holds its own copy of the weights, so the trainer hands it the full
+state dict after every update (`sync_weights`): written as safetensors to a private folder and
+reloaded in place, then the encoder and prefix caches are dropped (stale image embeddings and KV
+blocks would otherwise be served with the new weights).
+
+Prompts are token ids as the trainer sees them, with every image's placeholder run expanded; vLLM
+expands placeholders itself, so each run is collapsed to one `<|image_pad|>` on the way in, and the
+expanded length vLLM reports is checked against ours: a mismatch means vLLM would condition on a
+different context than the trainer scores, which is refused rather than trained on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from ..policy.grammar import ActionGrammar, GrammarError
+from .engine import DAMAGED, DamagedModelError, GenerationOutput, GenerationRequest, SamplingParams
+from ..mazes.seeding import derive_seed
+
+
+class VLLMUnavailableError(UserError):
+    """engine: vllm where vLLM is not installed, or a model vLLM cannot serve correctly."""
+
+
+INSTALL_HINT = ("install it with `pip install 'mazerl[vllm]'` (GPU, CUDA) or use the CPU build's venv that "
+                "`make vllm-env` creates (README: \"The vLLM engine\"), or set policy.engine: hf")
+
+
+def require_vllm() -> None:
+    """Fail before any work starts when vLLM cannot be imported here."""
+    if importlib.util.find_spec("vllm") is None:
+        raise VLLMUnavailableError(f"policy.engine is 'vllm' but vLLM is not installed in this Python ({os.sys.executable}): "
+                                   + INSTALL_HINT)
+
+
+def _on_cpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _cpu_environment() -> None:
+    """vLLM's CPU build reserves most of RAM for its KV cache unless told, and binds its OpenMP threads
+    to fewer cores than it may use: set both unless the user has."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(cores, 1) - 1}")
+
+
+def check_servable(model_dir: str) -> None:
+    """Refuse models vLLM's CPU attention would compute wrongly: it accepts unsupported head sizes
+    without complaint and returns near-uniform scores (seen with head_dim 48)."""
+    if not _on_cpu():
+        return
+    from transformers import AutoConfig
+
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    text = getattr(cfg, "text_config", cfg)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    allowed = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in allowed:
+        raise VLLMUnavailableError(
+            f"{model_dir}: head_dim {head_dim} is not one vLLM's CPU attention supports ({', '.join(map(str, allowed))}); "
+            "it would generate from wrong scores. Use policy.engine: hf for this model, or a model whose head size "
+            "is supported (`mazerl policy init-tiny` builds one)")
+
+
+class VLLMEngine:
+    """vLLM's offline `LLM`, one request per episode turn, each with its own seed."""
+
+    shares_module = False  # holds its own weights: sync_weights needs them
+
+    def __init__(self, model_dir: str, chat, *, dtype: str = "float32", max_model_len: int = 4096,
+                 max_images_per_prompt: int = 8, gpu_memory_utilization: float = 0.85, enable_sleep_mode: bool = False,
+                 seed: int = 0):
+        require_vllm()
+        if _on_cpu():
+            _cpu_environment()
+        check_servable(model_dir)
+        from vllm import LLM
+
+        self.chat = chat
+        self.end_id = chat.im_end
+        self.image_pad = chat.image_pad
+        try:
+            self.grammar: ActionGrammar | None = ActionGrammar.from_chat(chat)
+        except GrammarError:
+            self.grammar = None
+        self.weights_version = 0
+        self.vocab_size = len(chat.tokenizer)
+        self.sleep_supported = enable_sleep_mode and not _on_cpu()  # a no-op on CPU
+        self._asleep = False
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="mazerl-vllm-weights-"))
+        kwargs = dict(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                      limit_mm_per_prompt={"image": max_images_per_prompt, "video": 0},
+                      # the sampled token's log-probability after temperature and masks, as HFEngine reports it
+                      logprobs_mode="processed_logprobs")
+        if _on_cpu():
+            kwargs.update(enforce_eager=True)
+        else:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_supported)
+        self.llm = LLM(**kwargs)
+
+    # ---- generation --------------------------------------------------------------------------------
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams, call_id: int = 0) -> list[GenerationOutput]:
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep: call wake() before generate()")
+        if params.grammar == "action" and self.grammar is None:
+            raise GrammarError("this model's tokenizer cannot express the action grammar: use reply_grammar 'free'")
+        seeds = [r.seed if r.seed is not None else derive_seed(params.seed, call_id, "request", i)
+                 for i, r in enumerate(requests)]
+        prompts = [self._prompt(r, params) for r in requests]
+        sampling = [self._vllm_params(params, s) for s in seeds]
+        outs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        results = []
+        for req, prompt, out in zip(requests, prompts, outs):
+            expected = len(req.ids) + (len(self.grammar.prefix) if params.grammar == "action" else 0)
+            if len(out.prompt_token_ids) != expected:
+                raise RuntimeError(
+                    f"vLLM expanded a prompt to {len(out.prompt_token_ids)} tokens where the trainer has {expected}: "
+                    "its image processing differs from the processor's (check the model's preprocessor config)")
+            results.append(self._output(out.outputs[0], params))
+        return results
+
+    def _prompt(self, req: GenerationRequest, params: SamplingParams) -> dict:
+        ids = _collapse_runs(req.ids, self.image_pad)
+        if params.grammar == "action":
+            ids = ids + list(self.grammar.prefix)
+        prompt: dict = {"prompt_token_ids": ids}
+        if req.images:
+            from PIL import Image
+
+            prompt["multi_modal_data"] = {"image": [Image.fromarray(np.asarray(img)) for img in req.images]}
+        return prompt
+
+    def _vllm_params(self, params: SamplingParams, seed: int):
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        common = dict(temperature=params.temperature, seed=seed, logprobs=0, detokenize=False)
+        if params.grammar == "action":
+            # one sampled token among the action words; the grammar's fixed tokens are added around it
+            return VLLMSamplingParams(max_tokens=1, allowed_token_ids=list(self.grammar.word_ids), **common)
+        allowed = None
+        if params.banned_ids:  # exact: masked to -inf, as the trainer's log-probabilities assume
+            banned = set(params.banned_ids)
+            allowed = [t for t in range(self.vocab_size) if t not in banned]
+        return VLLMSamplingParams(max_tokens=params.max_new_tokens, top_p=params.top_p, stop_token_ids=[self.end_id],
+                                  allowed_token_ids=allowed, **common)
+
+    def _output(self, completion, params: SamplingParams) -> GenerationOutput:
+        ids = list(completion.token_ids)
+        logprobs = []
+        for tok, entry in zip(ids, completion.logprobs or []):
+            lp = entry[tok].logprob
+            if not np.isfinite(lp):
+                raise DamagedModelError(DAMAGED)
+            logprobs.append(float(lp))
+        if len(logprobs) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probabilities for {len(ids)} tokens")
+        if params.grammar == "action":
+            g = self.grammar
+            k = list(g.word_ids).index(ids[0])
+            forced = g.forced()
+            return GenerationOutput(ids=g.reply(k), logprobs=[0.0 if f else logprobs[0] for f in forced], finished=True,
+                                    forced=forced, weights_version=self.weights_version)
+        finished = bool(ids) and ids[-1] == self.end_id
+        return GenerationOutput(ids=ids, logprobs=logprobs, finished=finished, weights_version=self.weights_version)
+
+    # ---- weights -----------------------------------------------------------------------------------
+    def sync_weights(self, weights: dict[str, torch.Tensor] | None, version: int) -> None:
+        """Reload the engine's weights from `weights` (plain Hugging Face keys, as save_pretrained writes)."""
+        if weights is None:
+            raise ValueError("the vLLM engine holds its own copy of the weights: sync_weights needs the state dict")
+        from safetensors.torch import save_file
+
+        target = self._weights_dir / "model.safetensors"
+        tmp = target.with_suffix(".tmp")
+        # clone: tied or shared tensors cannot be saved as views of one another
+        save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}, str(tmp))
+        os.replace(tmp, target)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+        # without these the next image request can hit a stale (or missing) encoder cache entry, and
+        # prefix-cached KV blocks would have been computed with the old weights
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_prefix_cache()
+        self.weights_version = version
+
+    # ---- memory: sleep while the trainer updates (colocated mode) ----------------------------------
+    def sleep(self) -> None:
+        """Free the GPU for the update (level 1: weights to CPU, KV cache dropped); a no-op without sleep mode."""
+        if self.sleep_supported and not self._asleep:
+            self.llm.sleep(level=1)
+        self._asleep = True
+
+    def wake(self) -> None:
+        if self.sleep_supported and self._asleep:
+            self.llm.wake_up()
+        self._asleep = False
+
+    def close(self) -> None:
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None and hasattr(llm, "llm_engine"):
+            shutdown = getattr(llm.llm_engine, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+
+
+def _collapse_runs(ids: list[int], token: int) -> list[int]:
+    """Each run of `token` becomes one `token` (vLLM expands image placeholders itself)."""
+    out: list[int] = []
+    for t in ids:
+        if t == token and out and out[-1] == token:
+            continue
+        out.append(t)
+    return out
