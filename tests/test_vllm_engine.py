@@ -127,3 +127,17 @@ def test_lora_weights_merge_like_peft(tiny_model_dir):
     assert changed > 0
     with pytest.raises(ValueError, match="LoRA"):
         serving_weights(model.state_dict(), None)
+
+
+def test_grpo_with_the_vllm_engine_reloads_it_after_every_update(tmp_path):
+    """`mazerl train grpo` with policy.engine vllm, in the vLLM venv: 2 updates, each followed by a
+    weight reload; the trainer's version check (no lag allowed) passed every step."""
+    out = tmp_path / "grpo.json"
+    proc = subprocess.run([vllm_python(), str(REPO / "tests" / "vllm_checks.py"), str(out), str(tmp_path), "grpo"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["returncode"] == 0, result["stderr"]
+    assert [m["step"] for m in result["metrics"]] == [1, 2]
+    assert all(m["weights_lag"] == 0 and m["time/weight_sync"] > 0 for m in result["metrics"])
+    assert result["final"]

@@ -3,7 +3,7 @@
 tests/test_vllm_engine.py starts this script with that venv's Python and asserts on the JSON it
 writes; this script only measures and records, so every comparison lives in the test.
 
-    python tests/vllm_checks.py OUT.json WORKDIR
+    python tests/vllm_checks.py OUT.json WORKDIR [grpo]
 """
 
 import json
@@ -131,6 +131,34 @@ def main(out_json: str, workdir: str) -> None:
     Path(out_json).write_text(json.dumps(results))
 
 
+def grpo(out_json: str, workdir: str) -> None:
+    """`mazerl train grpo` with policy.engine vllm (in-process trainer): 2 updates, the engine reloaded
+    after each; records the metrics and the final model's presence."""
+    import subprocess
+
+    work = Path(workdir)
+    model = sharpened_tiny_model(work / "tiny", seed=1)
+    from mazerl.mazes.splits import DatasetConfig, generate_dataset
+
+    generate_dataset(DatasetConfig.model_validate(
+        {"reference_splits": {}, "splits": {"train": {"count": 8, "sizes": ["3x3"]}}}), work / "mazes")
+    out = work / "grpo"
+    sets = {"policy.model": str(model), "policy.engine": "vllm", "policy.prompt": "short", "policy.max_new_tokens": 8,
+            "policy.vllm.max_model_len": 2048, "train_data": str(work / "mazes" / "train.parquet"), "eval_data": "null",
+            "output_dir": str(out), "steps": 2, "mazes_per_step": 2, "group_size": 2, "micro_batch": 8,
+            "max_minutes": "null", "eval_every": 0, "checkpoint_every": 1, "max_turns": 3}
+    args = [sys.executable, "-m", "mazerl", "train", "grpo", "--config", "tiny-grpo"]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
+    Path(out_json).write_text(json.dumps({"returncode": proc.returncode, "stderr": proc.stderr[-3000:], "metrics": metrics,
+                                          "final": (out / "final" / "model.safetensors").exists()}))
+
+
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard keeps it from rerunning this
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(sys.argv[1], sys.argv[2])
+    if len(sys.argv) > 3 and sys.argv[3] == "grpo":
+        grpo(sys.argv[1], sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -83,6 +83,8 @@ pipeline_app = typer.Typer(help="The KFP pipeline: compile, run locally (kfp.loc
 app.add_typer(pipeline_app, name="pipeline")
 eval_app = typer.Typer(help="Evaluate a policy on frozen splits (mazerl eval --help), or compare two evaluations.")
 app.add_typer(eval_app, name="eval")
+cluster_app = typer.Typer(help="HyperPod: the training RayJob (render, launch and follow, cancel).", no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
 
 # Piped into a log (CI, `make demo | tee`), rich would cut tables to 80 columns; give them room.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
@@ -777,6 +779,34 @@ def pipeline_rbac(
 
     prof = _cluster_profile(profile)
     text = render(rbac_manifests(prof, iam_role_arn))
+    if out is None:
+        sys.stdout.write(text)
+        return
+    write_text(out, text)
+    err_console.print(f"wrote {out}: kubectl apply -f {out}")
+
+
+@cluster_app.command("render-rayjob")
+def cluster_render_rayjob(
+    profile: Annotated[str, typer.Option(help="a hyperpod profile with backend rayjob and a rayjob section")],
+    config: Annotated[Optional[str], typer.Option(help="GRPO job config as the pods see it: a shipped name or a path on "
+                                                  "FSx (default: the profile's pipeline.grpo_config)")] = None,
+    run_id: Annotated[str, typer.Option(help="the KFP run this job belongs to (names and labels derive from it)")] = "manual",
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="extra KEY=VALUE for the training config")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write here instead of standard output")] = None,
+) -> None:
+    """Print the training RayJob without touching a cluster (review it, or `kubectl apply -f` it)."""
+    from .atomic import write_text
+    from .cluster.rayjob import RayJobSpecError, build_rayjob, render
+    from .config import ConfigError, parse_overrides
+
+    prof = _cluster_profile(profile)
+    try:
+        extra = parse_overrides(set_ or [])
+        manifest = build_rayjob(prof, config or prof.pipeline.grpo_config, run_id, extra_overrides=extra)
+    except (RayJobSpecError, ConfigError) as err:
+        _fail(str(err))
+    text = render(manifest)
     if out is None:
         sys.stdout.write(text)
         return

@@ -67,6 +67,27 @@ class Storage(BaseModel):
     fsx_mount_path: str = "/fsx"
 
 
+class RayJobSizing(BaseModel):
+    """The RayJob's shape (backend: rayjob): a CPU head and `workers` GPU nodes, each a whole node."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    workers: int = Field(1, ge=1, le=512, description="GPU worker pods (one per node)")
+    gpus_per_worker: int = Field(8, ge=1, le=16, description="nvidia.com/gpu per worker (p5.48xlarge: 8)")
+    efa_per_worker: int = Field(32, ge=0, le=64, description="vpc.amazonaws.com/efa per worker (p5.48xlarge: 32; 0: none)")
+    cpus_per_worker: int = Field(180, ge=1, description="CPU request per worker (leave room for the node's daemons)")
+    memory_per_worker: str = Field("1800Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    shm_size: str = Field("256Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", description="/dev/shm (memory emptyDir) per worker")
+    head_cpu: int = Field(8, ge=1)
+    head_memory: str = Field("32Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
+    head_node_selector: dict[str, str] = Field(default_factory=dict, description="where the CPU head runs (empty: anywhere)")
+    ray_version: str = Field("2.60.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$", description="the trainer image's Ray")
+    active_deadline_seconds: int = Field(172800, ge=60, description="the whole job's deadline (KubeRay fails it after)")
+    backoff_limit: int = Field(0, ge=0, le=10, description="KubeRay retries of a failed job (mazerl resumes from checkpoints)")
+    ttl_seconds_after_finished: int = Field(3600, ge=0, description="keep the finished cluster this long (logs) before deleting it")
+    metrics_port: int = Field(8080, ge=1024, le=65535, description="Ray's Prometheus metrics port on head and workers")
+
+
 class PipelineDefaults(BaseModel):
     """Pipeline parameter defaults of this profile (each can be overridden per run)."""
 
@@ -100,6 +121,7 @@ class Profile(BaseModel):
     tolerations: list[Toleration] = Field(default_factory=list)
     kueue: Kueue | None = None
     kfp_host: str | None = None
+    rayjob: RayJobSizing | None = Field(None, description="the RayJob's shape (required with backend: rayjob)")
     pipeline: PipelineDefaults
 
     @model_validator(mode="after")
@@ -110,6 +132,13 @@ class Profile(BaseModel):
                 raise ValueError(f"a hyperpod profile needs {', '.join(missing)}")
             if self.storage.fsx_claim is None:
                 raise ValueError("a hyperpod profile needs storage.fsx_claim (the FSx for Lustre PVC, e.g. fsx-claim)")
+        if self.backend == "rayjob":
+            if self.kind != "hyperpod":
+                raise ValueError("backend rayjob needs kind: hyperpod (a Kubernetes cluster with KubeRay)")
+            if self.rayjob is None:
+                raise ValueError("backend rayjob needs a rayjob section (workers, gpus_per_worker, efa_per_worker, ...)")
+            if self.images.trainer is None:
+                raise ValueError("backend rayjob needs images.trainer (the GPU image of the RayJob)")
         return self
 
     @property

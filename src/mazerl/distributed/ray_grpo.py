@@ -107,7 +107,8 @@ class TrainRank:
         reference = None
         if self.cfg.kl_coef > 0 and self.cfg.lora is None:  # the KL anchor, sharded like the policy
             reference = open_policy(self.cfg.policy, with_engine=False).policy.model.eval().requires_grad_(False)
-        if self.world_size > 1:
+        self.sharded = self.world_size > 1 or backend == "nccl"  # on GPU even one rank is FSDP2 (the path 8 ranks take)
+        if self.sharded:
             shard_policy(self.model)
             if reference is not None:
                 shard_policy(reference)
@@ -129,7 +130,7 @@ class TrainRank:
         """A collective: every rank must call it; rank 0 returns the weights, the others None."""
         from .fsdp import full_state_dict
 
-        state = full_state_dict(self.model) if self.world_size > 1 else self.model.state_dict()
+        state = full_state_dict(self.model) if self.sharded else self.model.state_dict()
         return {k: v.detach().cpu().clone() for k, v in state.items()} if self.rank == 0 else None
 
     def save_checkpoint(self, path: str, state: dict) -> str:

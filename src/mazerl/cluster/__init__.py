@@ -1,0 +1,1 @@
+"""HyperPod: the KubeRay RayJob that trains, and its launcher."""

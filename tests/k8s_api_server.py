@@ -1,0 +1,171 @@
+"""A Kubernetes API server on 127.0.0.1 for the custom-objects endpoints the RayJob launcher uses.
+
+It speaks the real wire format (`/apis/ray.io/v1/namespaces/<ns>/rayjobs[/<name>]`, JSON bodies,
+`Status` objects with `reason` and `code` on errors), keeps RayJobs in memory, and plays KubeRay's
+part: each GET advances a job along a scripted list of statuses. Scenarios switch on what a real
+cluster does: 403 for a service account without the Role, 409 for a name that exists, and an
+outage (connections refused) for a set number of seconds mid-poll.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+_PATH = re.compile(r"^/apis/ray\.io/v1/namespaces/(?P<ns>[^/]+)/rayjobs(?:/(?P<name>[^/]+))?$")
+
+
+@dataclass
+class ClusterState:
+    jobs: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # statuses each job passes through, one per GET (the last one stays)
+    script: list[dict] = field(default_factory=lambda: [
+        {"jobDeploymentStatus": "Initializing"},
+        {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "dashboardURL": "mazerl-head-svc.ns.svc.cluster.local:8265"},
+        {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}])
+    forbidden: set[str] = field(default_factory=set)  # verbs answered with 403 (create, get, delete, list)
+    outage_after_gets: int | None = None  # refuse connections after this many GETs ...
+    outage_s: float = 0.0  # ... for this long
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    _gets: int = 0
+    _progress: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    state: ClusterState
+    server_ref: "K8sAPIServer"
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _route(self, verb: str):
+        url = urlsplit(self.path)
+        m = _PATH.match(url.path)
+        self.state.requests.append((verb, url.path))
+        if m is None:
+            self._send(404, _status(404, "NotFound", f"the server could not find the requested resource {url.path}"))
+            return None
+        if verb in self.state.forbidden:
+            self._send(403, _status(403, "Forbidden", f'rayjobs.ray.io is forbidden: User "system:serviceaccount:'
+                                    f'{m["ns"]}:pipeline-runner" cannot {verb} resource "rayjobs"'))
+            return None
+        return m, parse_qs(url.query)
+
+    def do_POST(self) -> None:
+        routed = self._route("create")
+        if routed is None:
+            return
+        m, _ = routed
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        name = body["metadata"]["name"]
+        key = (m["ns"], name)
+        if key in self.state.jobs:
+            self._send(409, _status(409, "AlreadyExists", f'rayjobs.ray.io "{name}" already exists'))
+            return
+        body["metadata"].update(namespace=m["ns"], uid=f"uid-{len(self.state.jobs) + 1}", resourceVersion="1",
+                                creationTimestamp="2026-11-30T12:00:00Z")
+        self.state.jobs[key] = body
+        self._send(201, body)
+
+    def do_GET(self) -> None:
+        routed = self._route("get")
+        if routed is None:
+            return
+        m, query = routed
+        if m["name"] is None:  # list, by label selector
+            selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
+            items = [j for (ns, _), j in self.state.jobs.items() if ns == m["ns"]
+                     and all((j["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
+            self._send(200, {"apiVersion": "ray.io/v1", "kind": "RayJobList", "metadata": {}, "items": items})
+            return
+        key = (m["ns"], m["name"])
+        job = self.state.jobs.get(key)
+        if job is None:
+            self._send(404, _status(404, "NotFound", f'rayjobs.ray.io "{m["name"]}" not found'))
+            return
+        self.state._gets += 1
+        step = self.state._progress.get(key, 0)
+        job["status"] = dict(self.state.script[min(step, len(self.state.script) - 1)])
+        self.state._progress[key] = step + 1
+        self._send(200, job)
+        if self.state.outage_after_gets is not None and self.state._gets == self.state.outage_after_gets:
+            self.server_ref.go_away(self.state.outage_s)
+
+    def do_DELETE(self) -> None:
+        routed = self._route("delete")
+        if routed is None:
+            return
+        m, _ = routed
+        job = self.state.jobs.pop((m["ns"], m["name"]), None)
+        if job is None:
+            self._send(404, _status(404, "NotFound", f'rayjobs.ray.io "{m["name"]}" not found'))
+            return
+        self._send(200, _status(200, "", "") | {"status": "Success"})
+
+
+class K8sAPIServer:
+    """`with K8sAPIServer() as srv:` ... `srv.url`, `srv.state`."""
+
+    def __init__(self, state: ClusterState | None = None):
+        self.state = state or ClusterState()
+        self.port = _free_port()
+        self._server = None
+        self._thread = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        handler = type("Handler", (_Handler,), {"state": self.state, "server_ref": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def go_away(self, seconds: float) -> None:
+        """Stop listening (connections refused) and come back on the same port after `seconds`."""
+
+        def outage() -> None:
+            self.stop()
+            time.sleep(seconds)
+            self.start()
+
+        threading.Thread(target=outage, daemon=True).start()
+
+    def __enter__(self) -> "K8sAPIServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
