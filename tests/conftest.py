@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import socket
+
 import pytest
 
 from mazerl.mazes.visgym import reference_file
@@ -61,3 +63,46 @@ def small_mazes(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data") / "mazes"
     generate_dataset(cfg, out)
     return out
+
+
+# ---- moto's standalone S3/SageMaker server on 127.0.0.1 (boto3 talks to it over HTTP) ----------------
+S3_TEST_BUCKET = "mazerl-test-bucket"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(moto_url, monkeypatch):
+    """Credentials and the endpoint from the environment only, as on a cluster (IRSA sets them there)."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)  # every AWS service (S3, SageMaker) at the local server
+    client = boto3.client("s3")
+    try:
+        client.create_bucket(Bucket=S3_TEST_BUCKET)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=S3_TEST_BUCKET):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=S3_TEST_BUCKET, Key=obj["Key"])
+    return client
+
+

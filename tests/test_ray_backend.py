@@ -87,3 +87,23 @@ def test_bad_distributed_settings_are_refused_up_front(small_mazes, tmp_path):
     assert result.returncode == 2 and "does not divide" in result.stderr, result.stderr[-1500:]
     unreachable = _train(_config(small_mazes, tmp_path)[0], env_extra={"RAY_ADDRESS": "127.0.0.1:1"})
     assert unreachable.returncode == 2 and "cannot reach the Ray cluster" in unreachable.stderr, unreachable.stderr[-1500:]
+
+
+def test_colocated_placement_with_lora_through_the_cli(small_mazes, tmp_path):
+    """Colocated: each rollout actor shares its rank's placement-group bundle. With LoRA the rollout
+    actor gets the merged weights (plain keys) after every update."""
+    path, out = _config(small_mazes, tmp_path, steps=2, lora={"r": 4, "alpha": 8},
+                        distributed={"ranks": 1, "rollout_workers": 1, "cpus_per_actor": 1, "placement": "colocated"})
+    result = _train(path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = read_metrics(out / "metrics.jsonl")
+    assert [r["rollout_versions"] for r in log] == [[0], [1]]
+    assert all(r["weights_lag"] == 0 for r in log)
+
+
+def test_placement_settings_are_checked_before_any_work(small_mazes, tmp_path):
+    path, out = _config(small_mazes, tmp_path, distributed={"ranks": 2, "rollout_workers": 1, "placement": "colocated"})
+    result = _train(path)
+    assert result.returncode == 2
+    assert "rollout_workers = ranks (2)" in " ".join(result.stderr.split()) and "Traceback" not in result.stderr
+    assert not out.exists()

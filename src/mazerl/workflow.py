@@ -9,6 +9,8 @@ has one; `generate` takes a fresh train seed per run while the evaluation splits
 from __future__ import annotations
 
 import hashlib
+import re
+import shutil
 import json
 import time
 from pathlib import Path
@@ -80,11 +82,18 @@ def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, 
     return manifest
 
 
+def _join(root: str, *parts: str) -> str:
+    """A path under a registry root: a local (or FSx) path or an s3:// prefix."""
+    return "/".join([root.rstrip("/"), *parts]) if root.startswith("s3://") else str(Path(root, *parts))
+
+
 def read_registry(root: str | None) -> dict | None:
+    """The promotion pointer at `root` (a local/FSx path or s3://), or None before the first promotion."""
     if not root:
         return None
-    path = Path(root) / REGISTRY_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    from .storage import read_json
+
+    return read_json(_join(root, REGISTRY_FILE))
 
 
 def resolve_base_model(model: str, out_dir: str, registry_root: str | None) -> str:
@@ -93,6 +102,12 @@ def resolve_base_model(model: str, out_dir: str, registry_root: str | None) -> s
     from .policy.loading import resolve_model_name
 
     promoted = read_registry(registry_root)
+    if promoted and promoted["model"].startswith("s3://"):
+        from .storage import get_tree
+
+        local = get_tree(promoted["model"], Path(out_dir) / "promoted")
+        print(f"starting from the last promoted model: {promoted['model']} (run {promoted.get('run_id')})")
+        return str(local)
     if promoted:
         if not Path(promoted["model"]).exists():
             raise ConfigError(
@@ -240,10 +255,24 @@ def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_ha
     """Record the promoted model in the registry pointer (atomic; the previous one is kept in history)."""
     if not Path(model_dir).exists():
         raise ConfigError(f"cannot promote {model_dir}: it does not exist")
-    root = Path(registry_root)
     previous = read_registry(registry_root)
-    entry = {"model": str(Path(model_dir).resolve()), "run_id": run_id, "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    # the model goes where the registry is, so the pointer outlives the task that wrote it (a task's
+    # output folder is pod-local on a cluster): s3://.../models/<run> (manifest last), or a copy on FSx
+    durable = _join(registry_root, "models", re.sub(r"[^A-Za-z0-9._-]", "-", run_id) or "run")
+    if registry_root.startswith("s3://"):
+        from .storage import put_tree
+
+        put_tree(Path(model_dir), durable)
+    else:
+        from .atomic import atomic_directory
+
+        with atomic_directory(Path(durable), overwrite=True) as tmp:
+            shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
+        durable = str(Path(durable).resolve())
+    entry = {"model": durable, "run_id": run_id, "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "eval_splits_hash": eval_splits_hash, "decision": comparison.get("decision"),
              "history": ([{k: v for k, v in previous.items() if k != "history"}] + previous.get("history", [])) if previous else []}
-    write_json(root / REGISTRY_FILE, entry)
+    from .storage import write_json as write_document
+
+    write_document(_join(registry_root, REGISTRY_FILE), entry)
     return entry

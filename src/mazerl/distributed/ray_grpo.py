@@ -25,6 +25,7 @@ from ..errors import UserError
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
+from ..storage import CheckpointMirror
 from ..rl.checkpoint import CheckpointManager, verify
 from ..rl.config import GRPOConfig
 from ..rl.data import MazeSampler
@@ -217,6 +218,7 @@ class RayGRPO(GRPODriver):
         self.train_df = read_split(cfg.train_data)
         self.sampler = MazeSampler(len(self.train_df), cfg.seed)
         self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
+        self.mirror = CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints) if cfg.checkpoint_uri else None
         self._start()
 
     # ---- the actors ------------------------------------------------------------------------------
@@ -346,11 +348,15 @@ class RayGRPO(GRPODriver):
         self._on_all_ranks("save_checkpoint", str(target), state)
         (self.checkpoints.root / "latest").write_text(target.name + "\n")
         self.checkpoints.prune()
+        if self.mirror is not None:
+            self.mirror.after_save(target)
         return target
 
     def resume(self, how: str) -> int | None:
         if how == "never":
             return None
+        if how == "auto" and self.mirror is not None and self.checkpoints.latest() is None:
+            self.mirror.restore_latest(self.checkpoints.root)
         path = self.checkpoints.latest() if how == "auto" else Path(how)
         if path is None:
             return None

@@ -97,9 +97,19 @@ class GRPOConfig(BaseModel):
     eval_mazes: int = Field(64, ge=1)
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
+    checkpoint_uri: str | None = Field(
+        None, description="s3://bucket/prefix: every checkpoint is also uploaded there (manifest last, keep_checkpoints "
+        "kept); a resume with no complete local checkpoint downloads the newest one from there")
 
     @model_validator(mode="after")
     def _check(self):
+        if self.checkpoint_uri is not None:
+            from ..storage import StorageError, split_s3
+
+            try:
+                split_s3(self.checkpoint_uri)
+            except StorageError as err:
+                raise ValueError(f"checkpoint_uri: {err}") from None
         d = self.distributed
         episodes = (self.mini_batch_mazes or self.mazes_per_step) * self.group_size
         if d.backend == "ray" and episodes % d.ranks:

@@ -29,6 +29,7 @@ from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
 from ..policy.trainable import open_policy, save_model_dir, serving_weights
+from ..storage import CheckpointMirror
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
 from .common import greedy_success, rng_state, seed_everything, set_rng_state
@@ -83,6 +84,7 @@ class GRPOTrainer(GRPODriver):
                                    total_optimizer_steps=cfg.steps * self.optimizer_steps_per_step)
         self.optimizer, self.scheduler = self.worker.optimizer, self.worker.scheduler
         self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
+        self.mirror = CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints) if cfg.checkpoint_uri else None
         self.step = 0
 
     # ---- checkpoints -------------------------------------------------------------------------
@@ -99,8 +101,11 @@ class GRPOTrainer(GRPODriver):
             "rng": rng_state(),
             "rollout_seed": derive_seed(self.cfg.seed, "rollout", self.step + 1),
         }
-        return self.checkpoints.save(self.step, self.model, self.tp.policy.processor, trainer_state, state,
+        path = self.checkpoints.save(self.step, self.model, self.tp.policy.processor, trainer_state, state,
                                      view=self.cfg.policy.view())
+        if self.mirror is not None:
+            self.mirror.after_save(path)
+        return path
 
     RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "final")  # what a run writes in output_dir
 
@@ -120,6 +125,8 @@ class GRPOTrainer(GRPODriver):
                 raise ResumeError(f"--resume {path}: this checkpoint cannot be trusted: {problem}")
             return self._load_checkpoint(path)
         if how == "auto":
+            if self.mirror is not None and self.checkpoints.latest() is None:
+                self.mirror.restore_latest(self.checkpoints.root)  # e.g. a new pod: the run's checkpoints are on S3
             found = self.checkpoints.step_dirs()
             path = self.checkpoints.latest()
             if path is not None:

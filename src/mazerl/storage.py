@@ -1,0 +1,257 @@
+"""Run data on S3: checkpoints mirrored from the trainer's local (or FSx) folder, and small JSON files.
+
+A storage address is a local path (`/fsx/mazerl/...` included) or `s3://bucket/prefix`. On S3 a
+checkpoint is the objects under `<uri>/step-XXXXXXXX/` and exists only once its `manifest.json`
+(the sha256 of every file) is there: files go up first (multipart, botocore retrying with backoff),
+the manifest last, so a crash mid-upload leaves nothing a reader would trust; pruning deletes the
+manifest first for the same reason. Credentials come only from the environment (IRSA on the
+cluster, `AWS_*` variables elsewhere); an endpoint override, e.g. a local S3, from boto3's own
+`AWS_ENDPOINT_URL_S3`. Nothing here writes a credential anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .atomic import atomic_directory
+from .errors import UserError
+from .rl.checkpoint import MANIFEST, sha256_file, verify
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_STEP = re.compile(r"^step-(\d{8})$")
+
+
+class StorageError(UserError):
+    """An address that is not usable, or an object store that refused; the message says which."""
+
+
+def is_s3(address: str) -> bool:
+    return str(address).startswith("s3://")
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """`s3://bucket/a/b` -> ("bucket", "a/b"), the bucket name checked."""
+    if not is_s3(uri):
+        raise StorageError(f"{uri!r} is not an s3:// address")
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise StorageError(f"{uri!r}: {bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, '.', '-')")
+    return bucket, prefix.strip("/")
+
+
+def s3_client(max_attempts: int = 10):
+    """boto3's S3 client with adaptive retries (exponential backoff on throttling, 5xx, dropped connections)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries={"max_attempts": max_attempts, "mode": "adaptive"}))
+
+
+def _transfer_config(part_bytes: int):
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=part_bytes, multipart_chunksize=part_bytes, max_concurrency=8)
+
+
+class S3CheckpointStore:
+    """Checkpoints under an s3:// prefix, mirrored from local checkpoint folders (rl/checkpoint.py layout)."""
+
+    # 64 MiB parts: a 16 GB shard of the 8B model is 256 parts (S3 allows 10,000; the minimum is 5 MiB)
+    def __init__(self, uri: str, keep_last: int = 3, client=None, part_bytes: int = 64 * 2**20):
+        if part_bytes < 5 * 2**20:
+            raise StorageError(f"part_bytes = {part_bytes}: S3 multipart parts are at least 5 MiB")
+        self.part_bytes = part_bytes
+        if keep_last < 1:
+            raise StorageError(f"keep_last = {keep_last}: must be >= 1")
+        self.uri = uri.rstrip("/")
+        self.bucket, self.prefix = split_s3(uri)
+        self.keep_last = keep_last
+        self.client = client or s3_client()
+
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        from boto3.exceptions import S3TransferFailedError, S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(*args, **kwargs)
+        except (S3UploadFailedError, S3TransferFailedError) as err:  # upload_file/download_file wrap the cause
+            raise StorageError(f"could not {what}: {str(err).split(': ', 1)[-1]}") from None
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code", "?")
+            raise StorageError(f"S3 refused to {what} ({code}: {err.response.get('Error', {}).get('Message', '')})") from None
+        except BotoCoreError as err:
+            raise StorageError(f"could not {what}: {err}") from None
+
+    # ---- upload --------------------------------------------------------------------------------------
+    def upload(self, checkpoint: Path, name: str | None = None) -> str:
+        """Upload a complete local checkpoint as `name` (default: its folder name); its manifest object
+        goes last. A folder without a manifest (a model directory) gets one computed here. Returns
+        its s3:// address."""
+        checkpoint = Path(checkpoint)
+        name = name or checkpoint.name
+        if (checkpoint / MANIFEST).exists():
+            problem = verify(checkpoint)
+            if problem is not None:
+                raise StorageError(f"not uploading {checkpoint}: {problem}")
+            manifest = json.loads((checkpoint / MANIFEST).read_text())
+        else:
+            manifest = {"files": {str(p.relative_to(checkpoint)): sha256_file(p)
+                                  for p in sorted(checkpoint.rglob("*")) if p.is_file()}}
+        for rel in sorted(manifest["files"]):
+            self._call(f"upload {rel}", self.client.upload_file, str(checkpoint / rel), self.bucket,
+                       self._key(name, rel), Config=_transfer_config(self.part_bytes))
+        self._call("write the manifest", self.client.put_object, Bucket=self.bucket, Key=self._key(name, MANIFEST),
+                   Body=json.dumps(manifest, sort_keys=True).encode(), ContentType="application/json")
+        return f"s3://{self.bucket}/{self._key(name)}"
+
+    # ---- what exists ---------------------------------------------------------------------------------
+    def _step_prefixes(self) -> list[tuple[int, str]]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        base = self._key() + "/" if self.prefix else ""
+        found = []
+        pages = self._call("list checkpoints", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=base, Delimiter="/")))
+        for page in pages:
+            for cp in page.get("CommonPrefixes", []):
+                name = cp["Prefix"][len(base):].strip("/")
+                m = _STEP.match(name)
+                if m:
+                    found.append((int(m.group(1)), name))
+        return sorted(found)
+
+    def _has_manifest(self, name: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(name, MANIFEST))
+            return True
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise StorageError(f"S3 refused to read {self._key(name, MANIFEST)} ({err})") from None
+
+    def complete(self) -> list[tuple[int, str]]:
+        """(step, folder name) of every checkpoint whose manifest is there, oldest first."""
+        return [(s, n) for s, n in self._step_prefixes() if self._has_manifest(n)]
+
+    def latest(self) -> str | None:
+        done = self.complete()
+        return done[-1][1] if done else None
+
+    # ---- download ------------------------------------------------------------------------------------
+    def download(self, name: str, target: Path) -> Path:
+        """Fetch checkpoint `name` into `target` (atomically), every file checked against the manifest."""
+        body = self._call(f"read {name}'s manifest", self.client.get_object, Bucket=self.bucket, Key=self._key(name, MANIFEST))
+        manifest = json.loads(body["Body"].read())
+        with atomic_directory(Path(target), overwrite=True) as tmp:
+            for rel, digest in sorted(manifest["files"].items()):
+                dest = tmp / rel
+                if not dest.resolve().is_relative_to(tmp.resolve()):
+                    raise StorageError(f"{name}'s manifest names {rel!r}, outside the checkpoint: refusing it")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                self._call(f"download {rel}", self.client.download_file, self.bucket, self._key(name, rel), str(dest),
+                           Config=_transfer_config(self.part_bytes))
+                if sha256_file(dest) != digest:
+                    raise StorageError(f"{self.uri}/{name}/{rel} does not match its sha256 in the manifest")
+            (tmp / MANIFEST).write_text(json.dumps(manifest))
+        return Path(target)
+
+    # ---- prune ---------------------------------------------------------------------------------------
+    def prune(self) -> list[str]:
+        """Keep the newest `keep_last` complete checkpoints; older ones (and incomplete uploads older than
+        the newest complete one) are deleted, manifest first."""
+        done = self.complete()
+        keep = {n for _, n in done[-self.keep_last:]}
+        newest = done[-1][0] if done else -1
+        removed = []
+        for step, name in self._step_prefixes():
+            if name in keep or step > newest:  # a newer incomplete one may be uploading right now
+                continue
+            self._delete_prefix(name)
+            removed.append(name)
+        return removed
+
+    def _delete_prefix(self, name: str) -> None:
+        self._call("delete a manifest", self.client.delete_object, Bucket=self.bucket, Key=self._key(name, MANIFEST))
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in self._call("list objects", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self._key(name) + "/"))):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                self._call("delete objects", self.client.delete_objects, Bucket=self.bucket, Delete={"Objects": keys})
+
+
+def read_json(address: str, client=None) -> dict | None:
+    """A small JSON document at a local path or s3:// key; None when it does not exist."""
+    if not is_s3(address):
+        path = Path(address)
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    from botocore.exceptions import ClientError
+
+    bucket, key = split_s3(address)
+    client = client or s3_client()
+    try:
+        return json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise StorageError(f"S3 refused to read {address} ({err.response.get('Error', {}).get('Code')})") from None
+
+
+def write_json(address: str, data: dict, client=None) -> None:
+    """Write a small JSON document atomically: a local temp file + rename, or one S3 PUT (atomic there)."""
+    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
+    if not is_s3(address):
+        from .atomic import write_text
+
+        write_text(Path(address), text + "\n")
+        return
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_s3(address)
+    client = client or s3_client()
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=text.encode(), ContentType="application/json")
+    except (ClientError, BotoCoreError) as err:
+        raise StorageError(f"could not write {address}: {err}") from None
+
+
+class CheckpointMirror:
+    """A trainer's checkpoints also kept on S3: each new local checkpoint is uploaded (then older ones
+    pruned there), and a resume with no complete local checkpoint downloads the newest remote one."""
+
+    def __init__(self, uri: str, keep_last: int = 3):
+        self.store = S3CheckpointStore(uri, keep_last=keep_last)
+
+    def after_save(self, checkpoint: Path) -> str:
+        uri = self.store.upload(checkpoint)
+        self.store.prune()
+        return uri
+
+    def restore_latest(self, local_root: Path) -> Path | None:
+        name = self.store.latest()
+        if name is None:
+            return None
+        return self.store.download(name, Path(local_root) / name)
+
+
+def put_tree(local_dir: Path, uri: str) -> str:
+    """Upload a directory (a model) to `uri` with a manifest written last; returns `uri`."""
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    S3CheckpointStore(parent).upload(Path(local_dir), name=name)
+    return uri.rstrip("/")
+
+
+def get_tree(uri: str, target: Path) -> Path:
+    """Download what put_tree uploaded, every file checked against its manifest; None-free: a missing
+    manifest is an error (the upload never finished)."""
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    store = S3CheckpointStore(parent)
+    if not store._has_manifest(name):
+        raise StorageError(f"{uri} has no manifest: its upload never finished, so it is not a usable model")
+    path = store.download(name, Path(target))
+    (path / MANIFEST).unlink()  # a model directory, not a checkpoint
+    return path

@@ -1,0 +1,61 @@
+"""SageMaker around a HyperPod run, through boto3 against moto's standalone server on 127.0.0.1:
+the preflight (HyperPod cluster, instance group, healthy nodes) and model registration."""
+
+from __future__ import annotations
+
+import pytest
+
+from mazerl.cluster.sagemaker import PreflightError, RegistryError, preflight, register_model
+
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/mazerl-serve@sha256:" + "0" * 64
+
+
+@pytest.fixture
+def hyperpod(s3):
+    """A HyperPod cluster 'hp' with 2 ml.p5.48xlarge nodes (moto needs its lifecycle bucket to exist)."""
+    import boto3
+
+    s3.create_bucket(Bucket="sagemaker-lifecycle-mazerl")
+    sm = boto3.client("sagemaker")
+    try:
+        sm.delete_cluster(ClusterName="hp")
+    except sm.exceptions.ClientError:
+        pass
+    sm.create_cluster(ClusterName="hp", Orchestrator={"Eks": {"ClusterArn": "arn:aws:eks:us-east-1:123456789012:cluster/eks"}},
+                      InstanceGroups=[{"InstanceGroupName": "gpu", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 2,
+                                       "ThreadsPerCore": 1, "ExecutionRole": "arn:aws:iam::123456789012:role/hp",
+                                       "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle-mazerl/lc", "OnCreate": "on_create.sh"}}])
+    return sm
+
+
+def test_preflight_passes_with_enough_healthy_nodes(hyperpod):
+    found = preflight("hp", "ml.p5.48xlarge", 2)
+    assert found == {"cluster": "hp", "instance_groups": ["gpu"], "healthy_nodes": 2}
+
+
+def test_preflight_names_what_is_missing(hyperpod):
+    with pytest.raises(PreflightError, match="has 2 healthy ml.p5.48xlarge nodes; this job needs 3"):
+        preflight("hp", "ml.p5.48xlarge", 3)
+    with pytest.raises(PreflightError, match=r"no instance group of type ml.g5.48xlarge \(instance groups: gpu \(ml.p5.48xlarge\)\)"):
+        preflight("hp", "ml.g5.48xlarge", 1)
+    with pytest.raises(PreflightError, match="'nope'"):
+        preflight("nope", "ml.p5.48xlarge", 1)
+
+
+def test_promotion_registers_a_model_package_with_its_metrics(hyperpod):
+    arn = register_model("mazerl-navigators", "s3://mazerl-test-bucket/registry/models/run-1", IMAGE,
+                         {"heldout_success": 0.91, "success_diff": 0.12, "p_value": 0.001, "run_id": "run-1"},
+                         "GRPO run run-1", metrics_uri="s3://mazerl-test-bucket/registry/models/run-1/comparison.json")
+    second = register_model("mazerl-navigators", "s3://mazerl-test-bucket/registry/models/run-2", IMAGE,
+                            {"heldout_success": 0.93}, "GRPO run run-2")
+    assert arn.endswith("/mazerl-navigators/1") and second.endswith("/mazerl-navigators/2")
+    described = hyperpod.describe_model_package(ModelPackageName=arn)
+    assert described["CustomerMetadataProperties"]["heldout_success"] == "0.91"
+    assert described["ModelApprovalStatus"] == "PendingManualApproval"
+    source = described["InferenceSpecification"]["Containers"][0]["ModelDataSource"]["S3DataSource"]
+    assert source["S3Uri"] == "s3://mazerl-test-bucket/registry/models/run-1/" and source["CompressionType"] == "None"
+
+
+def test_a_model_not_on_s3_cannot_be_registered(hyperpod):
+    with pytest.raises(RegistryError, match="not an s3:// address"):
+        register_model("g", "/fsx/models/run-1", IMAGE, {}, "x")
