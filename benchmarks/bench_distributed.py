@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import os
 import statistics
 import time
@@ -63,7 +64,9 @@ def main() -> None:
     }
     results = {}
     for name, extra in runs.items():
-        cfg = GRPOConfig.model_validate({**base, **extra, "output_dir": str(args.out / name.replace(" ", "-").replace("+", ""))})
+        run_dir = args.out / name.replace(" ", "-").replace("+", "")
+        shutil.rmtree(run_dir, ignore_errors=True)  # this benchmark's own earlier output: a rerun starts clean
+        cfg = GRPOConfig.model_validate({**base, **extra, "output_dir": str(run_dir)})
         log, wall = run(cfg)
         results[name] = {k: steady(log, k) for k in ("time/step", "time/rollout", "time/update", "time/weight_sync")}
         results[name]["wall_s_incl_startup"] = wall

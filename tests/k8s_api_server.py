@@ -33,6 +33,10 @@ class ClusterState:
     outage_after_gets: int | None = None  # refuse connections after this many GETs ...
     outage_s: float = 0.0  # ... for this long
     requests: list[tuple[str, str]] = field(default_factory=list)
+    # when set, plays the job for real: called with the created RayJob in a thread; returns (ok, message).
+    # Until it returns the job is Running; then Complete/SUCCEEDED or Failed/AppFailed with the message.
+    executor: object = None
+    _runs: dict = field(default_factory=dict)
     _gets: int = 0
     _progress: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -84,6 +88,11 @@ class _Handler(BaseHTTPRequestHandler):
         body["metadata"].update(namespace=m["ns"], uid=f"uid-{len(self.state.jobs) + 1}", resourceVersion="1",
                                 creationTimestamp="2026-11-30T12:00:00Z")
         self.state.jobs[key] = body
+        if self.state.executor is not None:
+            result: dict = {}
+            worker = threading.Thread(target=lambda: result.update(outcome=self.state.executor(body)), daemon=True)
+            self.state._runs[key] = (worker, result)
+            worker.start()
         self._send(201, body)
 
     def do_GET(self) -> None:
@@ -103,9 +112,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, _status(404, "NotFound", f'rayjobs.ray.io "{m["name"]}" not found'))
             return
         self.state._gets += 1
-        step = self.state._progress.get(key, 0)
-        job["status"] = dict(self.state.script[min(step, len(self.state.script) - 1)])
-        self.state._progress[key] = step + 1
+        if key in self.state._runs:
+            worker, result = self.state._runs[key]
+            if worker.is_alive():
+                job["status"] = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+            else:
+                ok, message = result.get("outcome", (False, "the executor raised"))
+                job["status"] = ({"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"} if ok else
+                                 {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed", "message": message})
+        else:
+            step = self.state._progress.get(key, 0)
+            job["status"] = dict(self.state.script[min(step, len(self.state.script) - 1)])
+            self.state._progress[key] = step + 1
         self._send(200, job)
         if self.state.outage_after_gets is not None and self.state._gets == self.state.outage_after_gets:
             self.server_ref.go_away(self.state.outage_s)

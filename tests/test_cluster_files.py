@@ -63,8 +63,8 @@ def test_shipped_rbac_matches_each_cluster_profile(name):
     assert shipped == render(rbac_manifests(profile)), "regenerate: mazerl pipeline rbac --profile ... --out env/k8s/rbac-hyperpod.yaml"
     account, role, binding = yaml.safe_load_all(shipped)
     assert account["metadata"] == {**account["metadata"], "name": profile.service_account, "namespace": profile.namespace}
-    rayjobs = next(r for r in role["rules"] if r["resources"] == ["rayjobs"])
-    assert rayjobs["apiGroups"] == ["ray.io"] and {"create", "get", "watch", "delete"} <= set(rayjobs["verbs"])
+    assert [(r["apiGroups"], r["resources"], set(r["verbs"])) for r in role["rules"]] == [
+        (["ray.io"], ["rayjobs"], {"create", "get", "list", "delete"}), ([""], ["pods", "pods/log"], {"get", "list"})]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": profile.service_account, "namespace": profile.namespace}]
 
@@ -108,3 +108,22 @@ def test_one_set_of_pins_for_package_cpu_tests_and_trainer_image():
     assert "requirements/trainer.txt" in dockerfile and "vllm==" not in dockerfile  # pins live in one file
     makefile = (root / "Makefile").read_text()
     assert f"torch=={shared['torch']} torchvision=={shared['torchvision']}" in makefile
+
+
+def test_images_install_the_package_and_the_entry_points_the_manifests_name():
+    """The RayJob runs `python -m mazerl ...` in the trainer image; KFP tasks import mazerl.workflow
+    (and kfp) in the runtime image; both run as a non-root user."""
+    from mazerl.cluster.rayjob import build_rayjob
+
+    root = Path(__file__).resolve().parents[1]
+    entry = build_rayjob(load_profile("hyperpod-p5"), "cfg.yaml", "run")["spec"]["entrypoint"]
+    assert entry.startswith("python -m mazerl ") and (root / "src" / "mazerl" / "__main__.py").is_file()
+    trainer = (root / "images" / "trainer.Dockerfile").read_text()
+    runtime = (root / "images" / "runtime.Dockerfile").read_text()
+    assert "COPY --chown=1000:100 src/ src/" in trainer and re.search(r"pip install '\./\[aws\]'", trainer)
+    assert re.search(r"pip install '\./\[kfp,aws\]'", runtime)
+    for text in (trainer, runtime):
+        assert re.search(r"^USER 1000$", text, re.M)
+        assert not re.search(r"AWS_SECRET|AWS_ACCESS_KEY|TOKEN=", text)
+    ray_version = re.search(r"^FROM rayproject/ray:(\S+?)-py", trainer, re.M).group(1)
+    assert ray_version == load_profile("hyperpod-p5").rayjob.ray_version == _pins(root / "requirements" / "trainer.txt")["ray"]

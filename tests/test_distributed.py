@@ -131,3 +131,51 @@ def test_sharded_checkpoints_resume_exactly_and_on_another_world_size(small_maze
 
     with pytest.raises(CheckpointMismatchError, match="cannot be trusted"):
         _train_with_checkpoint(0, 1, model, batches, str(ckpt), "resume", str(tmp_path / "x.pt"))
+
+
+def _broadcast_member(rank: int, port: int, out: str) -> None:
+    import torch
+
+    from mazerl.distributed.weight_sync import WeightBroadcastGroup, WeightSyncError
+
+    torch.manual_seed(0)
+    weights = {"a.weight": torch.randn(3, 4), "b.bias": torch.randn(5).to(torch.bfloat16), "c": torch.arange(6).reshape(2, 3)}
+    group = WeightBroadcastGroup("127.0.0.1", port, rank, 3, "gloo")
+    if rank == 0:
+        group.send(weights)
+        group.send({**weights, "a.weight": torch.randn(3, 5)})  # a different layout: receivers must refuse it
+        return
+    spec = {k: (tuple(v.shape), v.dtype) for k, v in weights.items()}
+    got = group.receive(spec)
+    ok = all(torch.equal(got[k], weights[k]) and got[k].dtype == weights[k].dtype for k in weights)
+    try:
+        group.receive(spec)
+        refused = False
+    except WeightSyncError:
+        refused = True
+    torch.save({"equal": ok, "refused": refused}, f"{out}/rank{rank}.pt")
+
+
+def test_weight_broadcast_group_sends_exact_tensors_and_refuses_a_different_layout(tmp_path):
+    """The broadcast path (a process group of its own on a TCPStore, gloo here, NCCL on GPU): every
+    receiver gets bit-identical tensors; a sender with other names/shapes is refused, not loaded."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from mazerl.distributed.group import free_port
+
+    port = free_port()
+    procs = [mp.get_context("spawn").Process(target=_broadcast_member, args=(r, port, str(tmp_path))) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs[1:]:
+        p.join(timeout=120)
+    # rank 0 is left sending the refused layout's tensors to receivers that stopped after the digest
+    procs[0].join(timeout=10)
+    assert [p.exitcode for p in procs[1:]] == [0, 0]
+    for r in (1, 2):
+        result = torch.load(tmp_path / f"rank{r}.pt")
+        assert result == {"equal": True, "refused": True}
+    for p in procs:
+        if p.is_alive():
+            p.kill()

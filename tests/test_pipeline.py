@@ -137,11 +137,11 @@ def test_a_failed_task_names_itself_and_its_log_and_keeps_the_other_outputs(tmp_
 def test_training_backend_seam_refuses_what_it_does_not_have(tmp_path):
     from mazerl.workflow import TRAINING_BACKENDS, check_backend, cleanup_launched, train_grpo
 
-    assert TRAINING_BACKENDS == ("local", "ray")
+    assert TRAINING_BACKENDS == ("local", "ray", "rayjob")
     check_backend("local")
     assert "nothing" in cleanup_launched("local") and "backend ray" in cleanup_launched("ray")
-    with pytest.raises(ConfigError, match=r"'rayjob' is not available .*available: local, ray"):
-        train_grpo("tiny", str(tmp_path), "tiny-grpo", str(tmp_path / "out"), backend="rayjob")
+    with pytest.raises(ConfigError, match=r"'slurm' is not available .*available: local, ray, rayjob"):
+        train_grpo("tiny", str(tmp_path), "tiny-grpo", str(tmp_path / "out"), backend="slurm")
     assert not (tmp_path / "out").exists()  # refused before any work
 
 

@@ -107,3 +107,51 @@ def test_placement_settings_are_checked_before_any_work(small_mazes, tmp_path):
     assert result.returncode == 2
     assert "rollout_workers = ranks (2)" in " ".join(result.stderr.split()) and "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_the_ray_metrics_export_serves_mazerl_training_metrics(small_mazes, tmp_path):
+    """During a local Ray run, Ray's metrics endpoint (Prometheus text, on 127.0.0.1) serves the
+    driver's mazerl_* gauges beside Ray's own metrics."""
+    import socket
+    import time
+    import urllib.request
+
+    from mazerl.distributed.ray_grpo import METRICS_PORT_ENV
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path, out = _config(small_mazes, tmp_path, steps=6, checkpoint_every=100,
+                        distributed={"ranks": 1, "rollout_workers": 1, "cpus_per_actor": 0.5})
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", METRICS_PORT_ENV: str(port), "MAZERL_RUN_ID": "run-7"}
+    proc = subprocess.Popen([sys.executable, "-m", "mazerl", "train", "grpo", "--config", str(path), "--backend", "ray"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    scraped, deadline = "", time.monotonic() + 500
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                scraped = ""
+            if "ray_mazerl_success_rate{" in scraped and "ray_mazerl_step{" in scraped:
+                break
+            time.sleep(1)
+    finally:
+        stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    lines = [line for line in scraped.splitlines() if line.startswith("ray_mazerl_")]
+    assert any(line.startswith("ray_mazerl_success_rate{") and 'run="run-7"' in line for line in lines), scraped[-2000:]
+    assert any(line.startswith("ray_mazerl_time_rollout{") for line in lines)
+    assert any(line.startswith("ray_") and not line.startswith("ray_mazerl_") for line in scraped.splitlines())  # Ray's own
+
+
+def test_weights_by_broadcast_group_through_the_cli(small_mazes, tmp_path):
+    """distributed.weight_sync: broadcast (gloo here; NCCL between GPUs): 2 ranks gather, rank 0
+    broadcasts to the rollout actor, which loads what it receives; versions as with the object store."""
+    path, out = _config(small_mazes, tmp_path, steps=2,
+                        distributed={"ranks": 2, "rollout_workers": 1, "cpus_per_actor": 0.5, "weight_sync": "broadcast"})
+    result = _train(path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = read_metrics(out / "metrics.jsonl")
+    assert [r["rollout_versions"] for r in log] == [[0], [1]]
+    assert all(r["weights_lag"] == 0 and r["time/weight_sync"] > 0 for r in log)

@@ -3,6 +3,7 @@ and the launcher, through the real kubernetes client against a local API server 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -202,3 +203,106 @@ def test_cancel_deletes_the_run_s_jobs_and_leaves_nothing_running():
         assert run.cancel(job_name(RUN)) is False  # already gone: not an error
         with pytest.raises(LauncherError, match="is gone"):
             run.wait(job_name(RUN))
+
+
+# ---- the pipeline's train step with backend rayjob, end to end ---------------------------------------
+def cpu_executor(workdir: Path):
+    """Plays KubeRay: runs the RayJob's entrypoint here, with overrides that turn the GPU sizing into
+    this machine's CPUs (later --set wins), in a local Ray."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    def run(job: dict):
+        args = shlex.split(job["spec"]["entrypoint"])
+        assert args[:3] == ["python", "-m", "mazerl"]
+        args = [sys.executable, *args[1:]]
+        for k, v in {"distributed.gpus_per_rank": 0, "distributed.cpus_per_actor": 0.5, "distributed.ranks": 1,
+                     "distributed.rollout_workers": 1, "policy.device": "cpu", "policy.engine": "hf"}.items():
+            args += ["--set", f"{k}={v}"]
+        env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
+        proc = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+        (workdir / "entrypoint.log").write_text(proc.stdout + proc.stderr)
+        return proc.returncode == 0, f"entrypoint exited {proc.returncode}: {proc.stderr[-500:]}"
+
+    return run
+
+
+@pytest.mark.slow
+def test_train_step_on_rayjob_stages_launches_follows_and_hands_back_the_model(s3, small_mazes, tmp_path):
+    """The train task with backend rayjob against a local Kubernetes API whose 'KubeRay' runs the
+    job's entrypoint for real on CPU: inputs staged on 'FSx', config validated, RayJob created and
+    followed, checkpoints on S3, the final model and a pointer in the task's artifact; cleanup
+    deletes the run's job."""
+    from conftest import S3_TEST_BUCKET
+
+    from mazerl.cluster.train_step import cancel_run, train_on_rayjob
+    from mazerl.metrics import read_metrics
+    from mazerl.storage import S3CheckpointStore
+
+    base = load_profile("hyperpod-p5")
+    profile = base.model_copy(update={
+        "storage": base.storage.model_copy(update={"root": f"s3://{S3_TEST_BUCKET}/root", "fsx_mount_path": str(tmp_path / "fsx")}),
+        "sagemaker": None})
+    state = ClusterState(executor=cpu_executor(tmp_path))
+    logs: list[str] = []
+    with K8sAPIServer(state) as srv:
+        api = custom_objects_api(host=srv.url)
+        final, record = train_on_rayjob(profile, RUN, "tiny-base", str(small_mazes), "tiny-grpo", str(tmp_path / "artifact"),
+                                        {"steps": 2, "mazes_per_step": 2, "group_size": 2, "max_turns": 3, "eval_every": 0,
+                                         "checkpoint_every": 1, "max_minutes": None},
+                                        api=api, log=logs.append, poll_s=0.5)
+        assert record["step"] == 2, (tmp_path / "entrypoint.log").read_text()[-3000:]
+        run_dir = tmp_path / "fsx" / "mazerl" / "runs" / RUN
+        assert (run_dir / "mazes" / "train.parquet").is_file() and (run_dir / "grpo.yaml").is_file()
+        assert (Path(final) / "config.json").is_file() and Path(final).parent == tmp_path / "artifact"
+        pointer = json.loads((tmp_path / "artifact" / "run.json").read_text())
+        assert pointer["run_directory"] == str(run_dir) and pointer["checkpoint_uri"].endswith(f"/runs/{RUN}/checkpoints")
+        assert [r["step"] for r in read_metrics(tmp_path / "artifact" / "metrics.jsonl")] == [1, 2]
+        store = S3CheckpointStore(pointer["checkpoint_uri"])
+        assert store.latest() == "step-00000002"
+        assert any("TensorBoard: tensorboard --logdir" in line for line in logs)
+        assert any(line.endswith("Complete, job SUCCEEDED") for line in logs)
+        assert cancel_run(profile, RUN, api=api, log=logs.append) == [job_name(RUN)]
+        assert not srv.state.jobs
+
+
+def test_the_launcher_needs_nothing_beyond_the_shipped_role():
+    """Every request the launcher makes (submit, adopt, poll, cancel_run) is a verb the Role grants."""
+    from mazerl.cluster_rbac import RULES
+
+    granted = {verb for group, resources, verbs in RULES if group == "ray.io" and "rayjobs" in resources for verb in verbs}
+    state = ClusterState(script=[{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}])
+    with K8sAPIServer(state) as srv:
+        run = launcher(srv, [])
+        run.run(p5_manifest())
+        run.run(p5_manifest())  # the retry path: 409, then adopt
+        run.cancel_run(RUN)
+    used = {"list" if verb == "get" and path.endswith("/rayjobs") else verb for verb, path in srv.state.requests}
+    assert used == {"create", "get", "list", "delete"} and used <= granted
+
+
+CREDENTIAL = re.compile(r"AKIA[0-9A-Z]{16}|ASIA[0-9A-Z]{16}|aws_secret_access_key|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN|"
+                        r"-----BEGIN [A-Z ]*PRIVATE KEY-----|password\s*[:=]", re.I)
+
+
+def test_hyperpod_p5_compile_and_render_validate_and_carry_no_credential(tmp_path, rayjob_schema, monkeypatch):
+    """The target: `pipeline compile --profile hyperpod-p5` + `cluster render-rayjob` give manifests that
+    validate (0 errors) and contain no credential, even with AWS credentials in the environment."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAABCDEFGHIJKLMNOP")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value-that-must-not-leak")
+    runner = CliRunner()
+    compiled = runner.invoke(app, ["pipeline", "compile", "--profile", "hyperpod-p5", "--out", str(tmp_path / "p.yaml")])
+    rendered = runner.invoke(app, ["cluster", "render-rayjob", "--profile", "hyperpod-p5", "--run-id", RUN,
+                                   "--out", str(tmp_path / "rayjob.yaml")])
+    assert compiled.exit_code == 0 and rendered.exit_code == 0, compiled.output + rendered.output
+    for path in (tmp_path / "p.yaml", tmp_path / "rayjob.yaml"):
+        text = path.read_text()
+        assert not CREDENTIAL.search(text) and "s3cr3t" not in text, path
+    assert schema_errors(rayjob_schema, yaml.safe_load((tmp_path / "rayjob.yaml").read_text())) == []
+    spec, platform = list(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))[:2]
+    executors = spec["deploymentSpec"]["executors"]
+    # training is the RayJob's; evaluation of the 8B model gets a GPU of its own
+    assert executors["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
+    assert "accelerator" not in executors["exec-train-grpo"]["container"].get("resources", {})

@@ -59,3 +59,23 @@ def test_promotion_registers_a_model_package_with_its_metrics(hyperpod):
 def test_a_model_not_on_s3_cannot_be_registered(hyperpod):
     with pytest.raises(RegistryError, match="not an s3:// address"):
         register_model("g", "/fsx/models/run-1", IMAGE, {}, "x")
+
+
+def test_promote_on_a_hyperpod_profile_registers_the_model_package(hyperpod, tmp_path):
+    """workflow.promote with a profile naming a model package group: the model is copied to the S3
+    registry, the comparison written beside it, and a model package registered with its figures."""
+    from mazerl.profiles import load_profile
+    from mazerl.workflow import promote, read_registry
+
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    root = "s3://mazerl-test-bucket/registry-sm"
+    entry = promote(str(model), root, {"decision": {"success_diff": 0.2, "p_value": 0.003}}, "hash9", "run-9",
+                    profile_json=load_profile("hyperpod-p5").model_dump_json())
+    assert read_registry(root)["model_package_arn"] == entry["model_package_arn"]
+    described = hyperpod.describe_model_package(ModelPackageName=entry["model_package_arn"])
+    assert described["ModelPackageGroupName"] == "mazerl-maze-navigators"
+    assert described["CustomerMetadataProperties"]["success_diff"] == "0.2"
+    assert described["CustomerMetadataProperties"]["run_id"] == "run-9"
+    assert described["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"] == f"{root}/models/run-9/comparison.json"

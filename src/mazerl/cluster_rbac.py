@@ -11,11 +11,11 @@ import yaml
 
 from .profiles import Profile
 
-# (apiGroup, resources, verbs): the least the launcher and the cleanup step need
+# (apiGroup, resources, verbs): exactly what the launcher (cluster/launcher.py: create, poll with get,
+# cancel_run's list and delete) and a person reading the job's pods and logs need; nothing more
 RULES: list[tuple[str, list[str], list[str]]] = [
-    ("ray.io", ["rayjobs"], ["create", "get", "list", "watch", "patch", "delete"]),
-    ("ray.io", ["rayjobs/status", "rayclusters"], ["get", "list", "watch"]),
-    ("", ["pods", "pods/log", "events"], ["get", "list", "watch"]),
+    ("ray.io", ["rayjobs"], ["create", "get", "list", "delete"]),
+    ("", ["pods", "pods/log"], ["get", "list"]),
 ]
 
 

@@ -88,6 +88,18 @@ class RayJobSizing(BaseModel):
     metrics_port: int = Field(8080, ge=1024, le=65535, description="Ray's Prometheus metrics port on head and workers")
 
 
+class SageMakerSettings(BaseModel):
+    """The HyperPod cluster behind the EKS one (preflight) and the Model Registry group promotions go to."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    cluster_name: str | None = Field(None, description="HyperPod cluster name: checked for healthy nodes before a RayJob")
+    model_package_group: str | None = Field(None, pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$",
+                                            description="Model Registry group a promoted model is registered in")
+    serving_image: str | None = Field(None, description="inference image named in the model package (pinned by digest)")
+    approval_status: Literal["PendingManualApproval", "Approved"] = "PendingManualApproval"
+
+
 class PipelineDefaults(BaseModel):
     """Pipeline parameter defaults of this profile (each can be overridden per run)."""
 
@@ -122,6 +134,9 @@ class Profile(BaseModel):
     kueue: Kueue | None = None
     kfp_host: str | None = None
     rayjob: RayJobSizing | None = Field(None, description="the RayJob's shape (required with backend: rayjob)")
+    eval_gpus: int = Field(0, ge=0, le=8, description="nvidia.com/gpu for the evaluate pods with backend rayjob (an 8B model "
+                           "evaluates on a GPU, not on CPU)")
+    sagemaker: SageMakerSettings | None = None
     pipeline: PipelineDefaults
 
     @model_validator(mode="after")
@@ -139,6 +154,9 @@ class Profile(BaseModel):
                 raise ValueError("backend rayjob needs a rayjob section (workers, gpus_per_worker, efa_per_worker, ...)")
             if self.images.trainer is None:
                 raise ValueError("backend rayjob needs images.trainer (the GPU image of the RayJob)")
+        sm = self.sagemaker
+        if sm is not None and sm.model_package_group and sm.serving_image is None:
+            raise ValueError("sagemaker.model_package_group needs sagemaker.serving_image (the model package's container)")
         return self
 
     @property
@@ -150,7 +168,9 @@ class Profile(BaseModel):
         """Cluster images must be pinned by digest (image@sha256:...), so a run is reproducible."""
         if self.kind == "local":
             return
-        for field, image in (("images.runtime", self.images.runtime), ("images.trainer", self.images.trainer)):
+        serving = self.sagemaker.serving_image if self.sagemaker else None
+        for field, image in (("images.runtime", self.images.runtime), ("images.trainer", self.images.trainer),
+                             ("sagemaker.serving_image", serving)):
             if image is not None and not _PINNED.match(image):
                 raise ConfigError(f"profile {self.name!r}: {field} = {image!r} is not pinned; use name@sha256:<64 hex digits>")
 

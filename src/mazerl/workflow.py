@@ -141,30 +141,45 @@ def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict
 # Where GRPO runs, by the profile's `backend`. "local": in this process (the KFP task pod, or
 # kfp.local here). "ray": the Ray backend (distributed/ray_grpo.py) from this task, on the Ray
 # cluster at RAY_ADDRESS or a Ray started in the task's pod; the job config's `distributed:` sizes
-# it. The HyperPod launcher ("rayjob": a KubeRay RayJob) registers itself here when it lands; until
-# then such a profile is refused before any work starts.
-TRAINING_BACKENDS = ("local", "ray")
+# it. "rayjob": a KubeRay RayJob launched and followed from this task (cluster/train_step.py), sized
+# by the profile's `rayjob:` section.
+TRAINING_BACKENDS = ("local", "ray", "rayjob")
 
 
 def check_backend(backend: str) -> None:
     if backend not in TRAINING_BACKENDS:
         raise ConfigError(f"training backend {backend!r} is not available in this version of mazerl "
-                          f"(available: {', '.join(TRAINING_BACKENDS)}); use a profile with backend: local")
+                          f"(available: {', '.join(TRAINING_BACKENDS)})")
 
 
-def cleanup_launched(backend: str) -> str:
-    """The ExitHandler's step: the local and ray backends launch nothing that outlives their task
-    (the Ray driver kills its actors when it ends)."""
+def _profile(profile_json: str):
+    from .profiles import Profile
+
+    return Profile.model_validate_json(profile_json)
+
+
+def cleanup_launched(backend: str, profile_json: str = "", run_id: str = "") -> str:
+    """The ExitHandler's step. local and ray launch nothing that outlives their task (the Ray driver
+    kills its actors when it ends); rayjob deletes every RayJob labelled with this run (cancel, failure)."""
     check_backend(backend)
-    return f"nothing to clean up (backend {backend})"
+    if backend != "rayjob":
+        return f"nothing to clean up (backend {backend})"
+    from .cluster.train_step import cancel_run
+
+    deleted = cancel_run(_profile(profile_json), run_id)
+    return f"deleted RayJobs: {', '.join(deleted)}" if deleted else "no RayJob of this run was left"
 
 
 def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None,
-               backend: str = "local") -> tuple[str, dict]:
+               backend: str = "local", profile_json: str = "", run_id: str = "") -> tuple[str, dict]:
     from .rl.config import GRPOConfig
     from .rl.trainer import GRPOTrainer
 
     check_backend(backend)
+    if backend == "rayjob":
+        from .cluster.train_step import train_on_rayjob
+
+        return train_on_rayjob(_profile(profile_json), run_id, model, data_dir, config, out_dir, extra or {})
     overrides = _job_overrides(model, data_dir, out_dir, extra or {})
     if backend == "ray":
         overrides["distributed.backend"] = "ray"
@@ -251,8 +266,10 @@ def compare(base_dir: str, new_dir: str, out_dir: str, min_gain: float, max_p_va
     return result
 
 
-def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_hash: str, run_id: str) -> dict:
-    """Record the promoted model in the registry pointer (atomic; the previous one is kept in history)."""
+def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_hash: str, run_id: str,
+            profile_json: str = "") -> dict:
+    """Record the promoted model in the registry pointer (atomic; the previous one is kept in history),
+    and register it in SageMaker's Model Registry when the profile names a model package group."""
     if not Path(model_dir).exists():
         raise ConfigError(f"cannot promote {model_dir}: it does not exist")
     previous = read_registry(registry_root)
@@ -274,5 +291,17 @@ def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_ha
              "history": ([{k: v for k, v in previous.items() if k != "history"}] + previous.get("history", [])) if previous else []}
     from .storage import write_json as write_document
 
+    profile = _profile(profile_json) if profile_json else None
+    sm = profile.sagemaker if profile is not None else None
+    if sm is not None and sm.model_package_group:
+        from .cluster.sagemaker import register_model
+
+        decision = comparison.get("decision") or {}
+        metrics_uri = _join(registry_root, "models", Path(durable).name, "comparison.json")
+        write_document(metrics_uri, comparison)
+        entry["model_package_arn"] = register_model(
+            sm.model_package_group, durable, sm.serving_image, {**decision, "run_id": run_id, "eval_splits_hash": eval_splits_hash},
+            f"mazerl GRPO run {run_id}", approval=sm.approval_status,
+            metrics_uri=metrics_uri if metrics_uri.startswith("s3://") else None)
     write_document(_join(registry_root, REGISTRY_FILE), entry)
     return entry

@@ -124,6 +124,7 @@ def build_rayjob(profile: Profile, config: str, run_id: str, task: str = "train-
                     "name": "ray-worker",
                     "image": profile.images.trainer,
                     "resources": {"requests": dict(worker_limits), "limits": dict(worker_limits)},
+                    "ports": [{"containerPort": r.metrics_port, "name": "metrics"}],
                     "env": env + ([{"name": k, "value": v} for k, v in EFA_ENV.items()] if r.efa_per_worker else []),
                     "volumeMounts": mounts + [{"name": "dshm", "mountPath": "/dev/shm"}],
                 }],

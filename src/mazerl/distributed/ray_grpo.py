@@ -71,6 +71,9 @@ def _require_ray():
     return ray
 
 
+METRICS_PORT_ENV = "MAZERL_RAY_METRICS_PORT"
+
+
 class TrainRank:
     """One training rank: its share of every mini-batch, FSDP2 shards of the policy and optimizer."""
 
@@ -133,6 +136,23 @@ class TrainRank:
 
         state = full_state_dict(self.model) if self.sharded else self.model.state_dict()
         return {k: v.detach().cpu().clone() for k, v in state.items()} if self.rank == 0 else None
+
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> bool:
+        """Rank 0 only: become group rank 0 (the sender) of the weight-broadcast group."""
+        from .weight_sync import WeightBroadcastGroup
+
+        self.weight_group = WeightBroadcastGroup(host, port, 0, world_size, backend)
+        return True
+
+    def send_weights(self) -> int:
+        """A collective over the training ranks (the full state dict), then rank 0 broadcasts it in plain
+        keys (LoRA merged) to the rollout actors. Returns the bytes rank 0 sent (0 elsewhere)."""
+        from ..policy.trainable import serving_weights
+
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return 0
+        return self.weight_group.send(serving_weights(state, self.cfg.lora))
 
     def save_checkpoint(self, path: str, state: dict) -> str:
         from .checkpoint import save_sharded
@@ -200,6 +220,22 @@ class RolloutWorker:
     def version(self) -> int:
         return self.tp.engine.weights_version
 
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> bool:
+        from .weight_sync import WeightBroadcastGroup
+
+        if backend == "nccl":
+            torch.cuda.set_device(0)  # Ray shows this actor its own GPU as device 0
+        self.weight_group = WeightBroadcastGroup(host, port, rank, world_size, backend)
+        return True
+
+    def receive_weights(self, version: int) -> float:
+        """Receive the broadcast weights (shaped like this actor's own model) and load them into the engine."""
+        t0 = time.perf_counter()
+        spec = {k: (tuple(v.shape), v.dtype) for k, v in self.tp.policy.model.state_dict().items()}
+        weights = self.weight_group.receive(spec)
+        self.tp.engine.sync_weights(weights, version)
+        return time.perf_counter() - t0
+
     def sleep(self) -> None:
         if hasattr(self.tp.engine, "sleep"):
             self.tp.engine.sleep()
@@ -233,7 +269,10 @@ class RayGRPO(GRPODriver):
                     ray.init(address=address, log_to_driver=False)
                 else:
                     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local Ray: no token file
-                    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+                    # MAZERL_RAY_METRICS_PORT: where this private Ray's metrics export serves (Prometheus format)
+                    port = os.environ.get(METRICS_PORT_ENV)
+                    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+                             **({"_metrics_export_port": int(port)} if port else {}))
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise RayBackendError(f"cannot connect to Ray at RAY_ADDRESS={address!r}: {str(err).splitlines()[0]}") from None
         available = ray.cluster_resources()
@@ -273,6 +312,16 @@ class RayGRPO(GRPODriver):
         ray.get([r.setup.remote(cfg.steps * (cfg.mazes_per_step // mini), master_addr, master_port) for r in self.ranks])
         self.rollouts = [rollout_cls.options(scheduling_strategy=at(k if colocated else d.ranks + k)).remote(cfg_json)
                          for k in range(d.rollout_workers)]
+        # NCCL needs every member on a GPU of its own: split placement with GPU rollout actors. (Colocated,
+        # actor 0 shares rank 0's GPU, which one NCCL communicator refuses: weights go by object store or gloo.)
+        nccl = d.placement == "split" and d.gpus_per_rank > 0 and d.gpus_per_rollout_worker > 0
+        self.broadcast = d.weight_sync == "broadcast" or (d.weight_sync == "auto" and nccl)
+        if self.broadcast:  # rank 0 and the rollout actors form a group of their own, meeting on rank 0's node
+            backend = "nccl" if nccl else "gloo"
+            host, port = ray.get(self.ranks[0].rendezvous_address.remote())
+            world = 1 + d.rollout_workers
+            ray.get([self.ranks[0].join_weight_group.remote(host, port, world, backend)]
+                    + [w.join_weight_group.remote(host, port, k + 1, world, backend) for k, w in enumerate(self.rollouts)])
 
     def _bundles(self) -> list[dict]:
         d = self.cfg.distributed
@@ -335,6 +384,10 @@ class RayGRPO(GRPODriver):
 
     def sync_weights(self) -> float:
         t0 = time.perf_counter()
+        if self.broadcast:  # every rank joins the gather; rank 0 broadcasts to the actors, which load as they receive
+            self.ray.get([r.send_weights.remote() for r in self.ranks]
+                         + [w.receive_weights.remote(self.step) for w in self.rollouts])
+            return time.perf_counter() - t0
         weights = self._on_all_ranks("full_state_dict")[0]  # a collective; rank 0 holds the result
         ref = self.ray.put(weights)
         self.ray.get([w.sync.remote(ref, self.step) for w in self.rollouts])
@@ -376,6 +429,9 @@ class RayGRPO(GRPODriver):
             resumed = self.resume(resume)
             sync_s = self.sync_weights()  # the engines start from the trainer's weights, version = step
             metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
+            from .prometheus import TrainingGauges
+
+            gauges = TrainingGauges(os.environ.get("MAZERL_RUN_ID") or self.out.name)  # scraped from Ray's metrics port
             started = time.perf_counter()
             try:
                 while self.step < cfg.steps:
@@ -401,6 +457,7 @@ class RayGRPO(GRPODriver):
                         self.save_checkpoint()
                     record["time/step"] = time.perf_counter() - t0
                     metrics.write(record)
+                    gauges.update(record)
                     if self.on_step:
                         self.on_step(self.step, record)
                     if out_of_time:

@@ -37,9 +37,11 @@ def build_pipeline(profile: Profile):
         max_p_value: float = defaults.max_p_value,
         registry_root: str = profile.storage.root,
     ):
-        cleanup = comps["cleanup"](backend=profile.backend)
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        profile_json = profile.model_dump_json()  # compile-time settings the cluster steps need (no credentials)
+        cleanup = comps["cleanup"](backend=profile.backend, run_id=run_id, profile=profile_json)
         with dsl.ExitHandler(cleanup, name="run"):
-            seed = comps["draw_train_seed"](train_seed=train_seed, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_caching_options(False)
+            seed = comps["draw_train_seed"](train_seed=train_seed, run_id=run_id).set_caching_options(False)
             gen = comps["generate_mazes"](preset=dataset_preset, reference=reference, train_seed=seed.output, registry_root=registry_root)
             gen.set_caching_options(True).set_retry(2)
             start = comps["resolve_model"](model=model, registry_root=registry_root).set_caching_options(False)
@@ -50,7 +52,7 @@ def build_pipeline(profile: Profile):
                                          other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="", label="baseline").set_caching_options(False)
             baseline.set_display_name("evaluate-baseline")
             train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps,
-                                        backend=profile.backend)
+                                        backend=profile.backend, run_id=run_id, profile=profile_json)
             train.set_caching_options(False).set_retry(1)
             trained = comps["evaluate"](model=train.outputs["model"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log=train.outputs["training_log"],
@@ -60,12 +62,16 @@ def build_pipeline(profile: Profile):
                                         min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)
             with dsl.If(decision.outputs["improved"] == 1, name="improved"):
                 promote = comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
-                                 success_diff=decision.outputs["success_diff"], p_value=decision.outputs["p_value"]).set_retry(2)
+                                 success_diff=decision.outputs["success_diff"], p_value=decision.outputs["p_value"],
+                                 run_id=run_id, profile=profile_json).set_retry(2)
         if profile.kind == "hyperpod":
             _apply_cluster_settings(profile, [seed, gen, start, warm, baseline, train, trained, decision, promote, cleanup])
             if profile.task_gpus and profile.backend == "local":  # the model runs inside these pods
                 for task in (warm, baseline, train, trained):
                     task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(profile.task_gpus)
+            if profile.eval_gpus and profile.backend == "rayjob":  # training is the RayJob's; evaluation needs a GPU too
+                for task in (warm, baseline, trained):
+                    task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(profile.eval_gpus)
 
     return mazerl_pipeline
 

@@ -41,6 +41,10 @@ class DistributedSettings(BaseModel):
         "split", description="split: ranks and rollout actors on their own resources; colocated: rollout actor k shares "
         "rank k's bundle (its GPU), and engines that can sleep do so during updates (then rollout_workers = ranks)")
     placement_timeout_s: float = Field(600.0, gt=0.0, description="how long to wait for Ray to place every actor")
+    weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
+        "auto", description="how updated weights reach the rollout actors: object_store (gathered on the driver, "
+        "ray.put), broadcast (a process group of rank 0 and the actors: NCCL when ranks and actors have GPUs of their "
+        "own, i.e. split placement, else gloo); auto: broadcast over NCCL where that applies, else object_store")
 
 
 class GRPOConfig(BaseModel):

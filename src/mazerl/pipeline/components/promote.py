@@ -1,5 +1,7 @@
-def promote(model: str, registry_root: str, eval_splits_hash: str, success_diff: float, p_value: float) -> str:
-    """Record the trained model as the promoted one in the registry pointer.
+def promote(model: str, registry_root: str, eval_splits_hash: str, success_diff: float, p_value: float, run_id: str,
+            profile: str) -> str:
+    """Record the trained model as the promoted one in the registry pointer (and, on a profile with a
+    sagemaker.model_package_group, as a model package in SageMaker's Model Registry).
 
     Args:
         model: trained model directory.
@@ -7,26 +9,29 @@ def promote(model: str, registry_root: str, eval_splits_hash: str, success_diff:
         eval_splits_hash: hash of the frozen evaluation splits it was judged on.
         success_diff: heldout success gain over the baseline.
         p_value: exact McNemar p-value of that gain.
+        run_id: the KFP run id (the promoted model is kept under it).
+        profile: the deployment profile as JSON (its sagemaker settings).
     Returns:
-        Path of the registry pointer.
+        Where the promoted model now lives.
     """
-    from pathlib import Path
-
-    from mazerl.workflow import REGISTRY_FILE
     from mazerl.workflow import promote as run
 
-    run(model, registry_root, {"decision": {"success_diff": success_diff, "p_value": p_value}}, eval_splits_hash, run_id="kfp")
-    return str(Path(registry_root) / REGISTRY_FILE)
+    entry = run(model, registry_root, {"decision": {"success_diff": success_diff, "p_value": p_value}}, eval_splits_hash,
+                run_id=run_id, profile_json=profile)
+    return entry["model"]
 
 
-def cleanup(backend: str) -> str:
-    """Exit handler: delete resources launched for this run (none with the local backend).
+def cleanup(backend: str, run_id: str, profile: str) -> str:
+    """Exit handler: delete resources launched for this run (rayjob: every RayJob labelled with the
+    run id; none with the local and ray backends).
 
     Args:
         backend: the profile's training backend.
+        run_id: the KFP run id the launched resources are labelled with.
+        profile: the deployment profile as JSON (namespace).
     Returns:
         What was cleaned up.
     """
     from mazerl.workflow import cleanup_launched
 
-    return cleanup_launched(backend)
+    return cleanup_launched(backend, profile, run_id)

@@ -3,8 +3,8 @@ from typing import NamedTuple
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 
-def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backend: str, trained: Output[Model],
-               metrics: Output[Metrics]) -> NamedTuple("Trained", [("model", str), ("training_log", str)]):
+def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backend: str, run_id: str, profile: str,
+               trained: Output[Model], metrics: Output[Metrics]) -> NamedTuple("Trained", [("model", str), ("training_log", str)]):
     """Multi-turn GRPO, run where the profile's backend says (local: in this task's process).
 
     Args:
@@ -13,7 +13,10 @@ def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backe
         config: GRPO config YAML.
         steps: GRPO steps (0 = the config's).
         backend: the profile's training backend (see mazerl.workflow.TRAINING_BACKENDS).
-        trained: output directory: checkpoints/, final/, metrics.jsonl, tensorboard/.
+        run_id: the KFP run id (rayjob: names the RayJob and the run directory on FSx).
+        profile: the deployment profile as JSON (rayjob: the RayJob's shape, namespace, storage).
+        trained: output directory: final/, metrics.jsonl (local/ray: also checkpoints/, tensorboard/;
+            rayjob: run.json, the pointer to the run directory on FSx and the checkpoints on S3).
         metrics: headline numbers of the last step.
     Returns:
         model: path of the trained model; training_log: its metrics.jsonl.
@@ -23,7 +26,7 @@ def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backe
     from mazerl.workflow import train_grpo as run
 
     extra = {"steps": steps} if steps > 0 else {}
-    final, record = run(model, mazes.path, config, trained.path, extra, backend=backend)
+    final, record = run(model, mazes.path, config, trained.path, extra, backend=backend, profile_json=profile, run_id=run_id)
     for key in ("reward_mean", "success_rate", "entropy", "step"):
         if key in record:
             metrics.log_metric(key, float(record[key]))
