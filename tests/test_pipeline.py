@@ -56,11 +56,15 @@ def test_compile_is_deterministic_and_carries_the_cluster_settings(tmp_path):
     )
     profile = load_profile("hyperpod-p5")
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    evaluate = executors["exec-evaluate"]
+    assert evaluate["pvcMount"][0]["constant"] == "fsx-claim" and evaluate["pvcMount"][0]["mountPath"] == "/fsx"
+    assert evaluate["nodeSelector"]["labels"] == profile.node_selector
+    assert evaluate["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert evaluate["podMetadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-ml-research-localqueue"
+    # backend rayjob: the train step is a CPU pod driving the RayJob: FSx, but no GPU node and no Kueue workload
     train = executors["exec-train-grpo"]
-    assert train["pvcMount"][0]["constant"] == "fsx-claim" and train["pvcMount"][0]["mountPath"] == "/fsx"
-    assert train["nodeSelector"]["labels"] == profile.node_selector
-    assert train["tolerations"][0]["key"] == "nvidia.com/gpu"
-    assert train["podMetadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-ml-research-localqueue"
+    assert train["pvcMount"][0]["constant"] == "fsx-claim"
+    assert "nodeSelector" not in train and "podMetadata" not in train
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
     assert images == {profile.images.runtime}
     # the branch is on a number, never a string (kfp.local evaluates string conditions with eval)

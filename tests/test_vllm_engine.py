@@ -129,15 +129,19 @@ def test_lora_weights_merge_like_peft(tiny_model_dir):
         serving_weights(model.state_dict(), None)
 
 
-def test_grpo_with_the_vllm_engine_reloads_it_after_every_update(tmp_path):
+@pytest.mark.parametrize("mode", ["grpo", "grpo-ray"])
+def test_grpo_with_the_vllm_engine_reloads_it_after_every_update(tmp_path, mode):
     """`mazerl train grpo` with policy.engine vllm, in the vLLM venv: 2 updates, each followed by a
-    weight reload; the trainer's version check (no lag allowed) passed every step."""
+    weight reload; the trainer's version check (no lag allowed) passed every step. grpo-ray: the
+    engine lives in a Ray rollout actor and receives the weights over the broadcast group."""
     out = tmp_path / "grpo.json"
-    proc = subprocess.run([vllm_python(), str(REPO / "tests" / "vllm_checks.py"), str(out), str(tmp_path), "grpo"],
+    proc = subprocess.run([vllm_python(), str(REPO / "tests" / "vllm_checks.py"), str(out), str(tmp_path), mode],
                           cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["returncode"] == 0, result["stderr"]
     assert [m["step"] for m in result["metrics"]] == [1, 2]
     assert all(m["weights_lag"] == 0 and m["time/weight_sync"] > 0 for m in result["metrics"])
+    if mode == "grpo-ray":
+        assert [m["rollout_versions"] for m in result["metrics"]] == [[0], [1]]
     assert result["final"]

@@ -3,7 +3,7 @@
 tests/test_vllm_engine.py starts this script with that venv's Python and asserts on the JSON it
 writes; this script only measures and records, so every comparison lives in the test.
 
-    python tests/vllm_checks.py OUT.json WORKDIR [grpo]
+    python tests/vllm_checks.py OUT.json WORKDIR [grpo | grpo-ray]
 """
 
 import json
@@ -131,7 +131,7 @@ def main(out_json: str, workdir: str) -> None:
     Path(out_json).write_text(json.dumps(results))
 
 
-def grpo(out_json: str, workdir: str) -> None:
+def grpo(out_json: str, workdir: str, backend: str = "local") -> None:
     """`mazerl train grpo` with policy.engine vllm (in-process trainer): 2 updates, the engine reloaded
     after each; records the metrics and the final model's presence."""
     import subprocess
@@ -147,10 +147,14 @@ def grpo(out_json: str, workdir: str) -> None:
             "policy.vllm.max_model_len": 2048, "train_data": str(work / "mazes" / "train.parquet"), "eval_data": "null",
             "output_dir": str(out), "steps": 2, "mazes_per_step": 2, "group_size": 2, "micro_batch": 8,
             "max_minutes": "null", "eval_every": 0, "checkpoint_every": 1, "max_turns": 3}
-    args = [sys.executable, "-m", "mazerl", "train", "grpo", "--config", "tiny-grpo"]
+    if backend == "ray":  # a Ray rollout actor with the vLLM engine; weights by broadcast group (gloo)
+        sets.update({"distributed.ranks": 1, "distributed.rollout_workers": 1, "distributed.cpus_per_actor": 0.5,
+                     "distributed.weight_sync": "broadcast"})
+    args = [sys.executable, "-m", "mazerl", "train", "grpo", "--config", "tiny-grpo", "--backend", backend]
     for k, v in sets.items():
         args += ["--set", f"{k}={v}"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
     Path(out_json).write_text(json.dumps({"returncode": proc.returncode, "stderr": proc.stderr[-3000:], "metrics": metrics,
                                           "final": (out / "final" / "model.safetensors").exists()}))
@@ -158,7 +162,7 @@ def grpo(out_json: str, workdir: str) -> None:
 
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard keeps it from rerunning this
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if len(sys.argv) > 3 and sys.argv[3] == "grpo":
-        grpo(sys.argv[1], sys.argv[2])
+    if len(sys.argv) > 3 and sys.argv[3] in ("grpo", "grpo-ray"):
+        grpo(sys.argv[1], sys.argv[2], backend="ray" if sys.argv[3] == "grpo-ray" else "local")
     else:
         main(sys.argv[1], sys.argv[2])

@@ -192,7 +192,10 @@ class RolloutWorker:
 
         self.cfg = GRPOConfig.model_validate(cfg_json)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.cfg.distributed.rollout_workers))  # see TrainRank.setup
-        self.tp = open_policy(self.cfg.policy)
+        policy = self.cfg.policy
+        if policy.engine == "vllm":  # vLLM holds the served copy on the GPU; the HF model here only gives shapes and
+            policy = policy.model_copy(update={"device": "cpu"})  # names for weight sync, so it stays in host memory
+        self.tp = open_policy(policy)
         self.tp.policy.model.eval()
         self.train_df = read_split(self.cfg.train_data)
 

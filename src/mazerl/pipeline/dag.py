@@ -65,7 +65,13 @@ def build_pipeline(profile: Profile):
                                  success_diff=decision.outputs["success_diff"], p_value=decision.outputs["p_value"],
                                  run_id=run_id, profile=profile_json).set_retry(2)
         if profile.kind == "hyperpod":
-            _apply_cluster_settings(profile, [seed, gen, start, warm, baseline, train, trained, decision, promote, cleanup])
+            if profile.backend == "rayjob":
+                # train and cleanup are small CPU pods that drive the RayJob: FSx only, no GPU-node selectors,
+                # and no Kueue labels (the RayJob is the workload Kueue admits; the launcher must not queue too)
+                _apply_cluster_settings(profile, [seed, gen, start, warm, baseline, trained, decision, promote])
+                _apply_cluster_settings(profile, [train, cleanup], scheduling=False)
+            else:
+                _apply_cluster_settings(profile, [seed, gen, start, warm, baseline, train, trained, decision, promote, cleanup])
             if profile.task_gpus and profile.backend == "local":  # the model runs inside these pods
                 for task in (warm, baseline, train, trained):
                     task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(profile.task_gpus)
@@ -76,13 +82,15 @@ def build_pipeline(profile: Profile):
     return mazerl_pipeline
 
 
-def _apply_cluster_settings(profile: Profile, tasks) -> None:
-    """kfp-kubernetes: FSx claim, node selectors, tolerations and Kueue labels on every task pod."""
+def _apply_cluster_settings(profile: Profile, tasks, scheduling: bool = True) -> None:
+    """kfp-kubernetes: FSx claim, and (`scheduling`) node selectors, tolerations and Kueue labels on each task pod."""
     from kfp import kubernetes
 
     for task in tasks:
         if profile.storage.fsx_claim:
             kubernetes.mount_pvc(task, pvc_name=profile.storage.fsx_claim, mount_path=profile.storage.fsx_mount_path)
+        if not scheduling:
+            continue
         for key, value in profile.node_selector.items():
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
         for t in profile.tolerations:
