@@ -120,6 +120,8 @@ class _Handler(BaseHTTPRequestHandler):
                 ok, message = result.get("outcome", (False, "the executor raised"))
                 job["status"] = ({"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"} if ok else
                                  {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed", "message": message})
+        elif (job.get("status") or {}).get("jobDeploymentStatus") in ("Complete", "Failed"):
+            pass  # as KubeRay: a finished job's status never changes again
         else:
             step = self.state._progress.get(key, 0)
             job["status"] = dict(self.state.script[min(step, len(self.state.script) - 1)])
@@ -134,6 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         m, _ = routed
         job = self.state.jobs.pop((m["ns"], m["name"]), None)
+        self.state._progress.pop((m["ns"], m["name"]), None)  # a new job of that name starts its script over
         if job is None:
             self._send(404, _status(404, "NotFound", f'rayjobs.ray.io "{m["name"]}" not found'))
             return

@@ -147,6 +147,22 @@ def test_a_retried_task_adopts_its_job_instead_of_creating_a_second():
     assert any(line.startswith("adopted RayJob") for line in logs)
 
 
+def test_a_retried_task_replaces_its_failed_job_and_the_new_one_runs():
+    """A retry must retry: the earlier attempt's job failed, so it is deleted and created again (the
+    new job resumes from the last checkpoint), rather than adopted and reported failed once more."""
+    state = ClusterState(script=[{"jobDeploymentStatus": "Failed", "reason": "AppFailed", "message": "OOM"}])
+    logs: list[str] = []
+    with K8sAPIServer(state) as srv:
+        with pytest.raises(LauncherError, match="AppFailed: OOM"):
+            launcher(srv, logs).run(p5_manifest())
+        state.script = [{"jobDeploymentStatus": "Running"}, {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}]
+        outcome = launcher(srv, logs).run(p5_manifest())
+    assert outcome.succeeded
+    assert any("earlier attempt failed (AppFailed: OOM); deleting it" in line for line in logs)
+    verbs = [v for v, _ in srv.state.requests]
+    assert verbs.count("create") == 3 and verbs.count("delete") == 1  # create, create (409), delete, create
+
+
 def test_a_job_of_another_run_with_the_same_name_is_not_adopted():
     with K8sAPIServer() as srv:
         other = p5_manifest()
@@ -198,8 +214,13 @@ def test_cancel_deletes_the_run_s_jobs_and_leaves_nothing_running():
         other = p5_manifest()
         other["metadata"].update(name="unrelated-job", labels={**other["metadata"]["labels"], LABEL_RUN: "other-run"})
         run.submit(other)
-        assert run.cancel_run(RUN) == [job_name(RUN)]
-        assert list(srv.state.jobs) == [("hyperpod-ns-ml-research", "unrelated-job")]
+        finished = p5_manifest()
+        finished["metadata"]["name"] = job_name(RUN, "eval")
+        run.submit(finished)
+        srv.state.jobs[("hyperpod-ns-ml-research", job_name(RUN, "eval"))]["status"] = {"jobDeploymentStatus": "Complete"}
+        assert run.cancel_run(RUN) == [job_name(RUN)]  # the running one; the finished one stays for KubeRay's TTL
+        assert sorted(srv.state.jobs) == [("hyperpod-ns-ml-research", job_name(RUN, "eval")),
+                                          ("hyperpod-ns-ml-research", "unrelated-job")]
         assert run.cancel(job_name(RUN)) is False  # already gone: not an error
         with pytest.raises(LauncherError, match="is gone"):
             run.wait(job_name(RUN))
@@ -264,8 +285,8 @@ def test_train_step_on_rayjob_stages_launches_follows_and_hands_back_the_model(s
         assert store.latest() == "step-00000002"
         assert any("TensorBoard: tensorboard --logdir" in line for line in logs)
         assert any(line.endswith("Complete, job SUCCEEDED") for line in logs)
-        assert cancel_run(profile, RUN, api=api, log=logs.append) == [job_name(RUN)]
-        assert not srv.state.jobs
+        assert cancel_run(profile, RUN, api=api, log=logs.append) == []  # finished: left for KubeRay's TTL
+        assert list(srv.state.jobs) == [(profile.namespace, job_name(RUN))]
 
 
 def test_the_launcher_needs_nothing_beyond_the_shipped_role():
@@ -278,7 +299,10 @@ def test_the_launcher_needs_nothing_beyond_the_shipped_role():
         run = launcher(srv, [])
         run.run(p5_manifest())
         run.run(p5_manifest())  # the retry path: 409, then adopt
-        run.cancel_run(RUN)
+        still_running = p5_manifest()
+        still_running["metadata"]["name"] = job_name(RUN, "eval")
+        run.submit(still_running)
+        assert run.cancel_run(RUN) == [job_name(RUN, "eval")]
     used = {"list" if verb == "get" and path.endswith("/rayjobs") else verb for verb, path in srv.state.requests}
     assert used == {"create", "get", "list", "delete"} and used <= granted
 

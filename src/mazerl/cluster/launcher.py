@@ -93,8 +93,35 @@ class RayJobLauncher:
         if theirs != run:
             raise LauncherError(f"RayJob {self.namespace}/{name} exists but belongs to KFP run {theirs!r}, not {run!r}: "
                                 "refusing to adopt another run's job")
+        status = existing.get("status") or {}
+        if status.get("jobDeploymentStatus") == "Failed":
+            # a retried task must retry: replace the failed job (the new one resumes from the last checkpoint)
+            self.log(f"RayJob {self.namespace}/{name} of an earlier attempt failed ({status.get('reason') or '?'}: "
+                     f"{status.get('message') or ''}); deleting it and starting again from the last checkpoint")
+            self.cancel(name)
+            self._wait_gone(name)
+            self._call(lambda: self.api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, manifest),
+                       f"create RayJob {name}")
+            self.log(f"created RayJob {self.namespace}/{name}")
+            return name
         self.log(f"adopted RayJob {self.namespace}/{name} (created by an earlier attempt of this task)")
         return name
+
+    def _wait_gone(self, name: str, timeout_s: float = 600.0) -> None:
+        """Foreground deletion takes a while (the RayCluster and pods go first)."""
+        from kubernetes.client.exceptions import ApiException
+
+        started = self.clock()
+        while self.clock() - started < timeout_s:
+            try:
+                self._call(lambda: self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name),
+                           f"read RayJob {name}")
+            except ApiException as err:
+                if err.status == 404:
+                    return
+                raise
+            self.sleep(self.poll_s)
+        raise LauncherError(f"RayJob {self.namespace}/{name} was not deleted within {timeout_s:g} s")
 
     # ---- follow ------------------------------------------------------------------------------------
     def wait(self, name: str, timeout_s: float | None = None) -> JobOutcome:
@@ -146,11 +173,13 @@ class RayJobLauncher:
         return True
 
     def cancel_run(self, run_id: str) -> list[str]:
-        """Delete every RayJob labelled with this KFP run (the pipeline's exit handler)."""
+        """Delete every RayJob of this KFP run that has not finished (the pipeline's exit handler: after a
+        cancel or a failure nothing keeps running). Finished ones stay for KubeRay's TTL (their status)."""
         listed = self._call(lambda: self.api.list_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, label_selector=f"{LABEL_RUN}={run_id}"), "list RayJobs")
-        names = [item["metadata"]["name"] for item in listed.get("items", [])]
-        return [n for n in names if self.cancel(n)]
+        running = [item["metadata"]["name"] for item in listed.get("items", [])
+                   if (item.get("status") or {}).get("jobDeploymentStatus") not in TERMINAL]
+        return [n for n in running if self.cancel(n)]
 
     # ---- the API, with retries ---------------------------------------------------------------------
     def _get(self, name: str) -> dict:
