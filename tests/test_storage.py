@@ -167,6 +167,8 @@ def test_grpo_checkpoints_go_to_s3_and_a_new_pod_resumes_from_there(s3, small_ma
     assert record["step"] == 3
     assert [r["step"] for r in read_metrics(tmp_path / "pod2" / "metrics.jsonl")] == [3]
     assert [n for _, n in store.complete()] == ["step-00000002", "step-00000003"]  # keep_checkpoints on S3 too
+    events = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/grpo/tensorboard/").get("Contents", [])]
+    assert any("events.out.tfevents" in k for k in events)  # TensorBoard next to the checkpoints
 
 
 def test_a_bad_checkpoint_uri_is_refused_in_the_config():

@@ -221,15 +221,33 @@ def write_json(address: str, data: dict, client=None) -> None:
 
 class CheckpointMirror:
     """A trainer's checkpoints also kept on S3: each new local checkpoint is uploaded (then older ones
-    pruned there), and a resume with no complete local checkpoint downloads the newest remote one."""
+    pruned there), and a resume with no complete local checkpoint downloads the newest remote one.
+    With `tensorboard`, the run's TensorBoard event files go along to `<uri>/../tensorboard/` (files
+    that changed since the last upload), so they sit next to the checkpoints on S3 too."""
 
-    def __init__(self, uri: str, keep_last: int = 3):
+    def __init__(self, uri: str, keep_last: int = 3, tensorboard: Path | None = None):
         self.store = S3CheckpointStore(uri, keep_last=keep_last)
+        self.tensorboard = Path(tensorboard) if tensorboard is not None else None
+        self._uploaded: dict[str, tuple[int, int]] = {}  # event file -> (size, mtime_ns) last uploaded
 
     def after_save(self, checkpoint: Path) -> str:
         uri = self.store.upload(checkpoint)
         self.store.prune()
+        if self.tensorboard is not None and self.tensorboard.is_dir():
+            self._sync_tensorboard()
         return uri
+
+    def _sync_tensorboard(self) -> None:
+        store = self.store
+        base = store.prefix.rpartition("/")[0]
+        for path in sorted(p for p in self.tensorboard.rglob("*") if p.is_file()):
+            rel = str(path.relative_to(self.tensorboard))
+            stat = path.stat()
+            if self._uploaded.get(rel) == (stat.st_size, stat.st_mtime_ns):
+                continue
+            key = "/".join(x for x in (base, "tensorboard", rel) if x)
+            store._call(f"upload {rel}", store.client.upload_file, str(path), store.bucket, key)
+            self._uploaded[rel] = (stat.st_size, stat.st_mtime_ns)
 
     def restore_latest(self, local_root: Path) -> Path | None:
         name = self.store.latest()

@@ -257,7 +257,8 @@ class RayGRPO(GRPODriver):
         self.train_df = read_split(cfg.train_data)
         self.sampler = MazeSampler(len(self.train_df), cfg.seed)
         self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
-        self.mirror = CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints) if cfg.checkpoint_uri else None
+        self.mirror = (CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints, tensorboard=self.out / "tensorboard")
+                       if cfg.checkpoint_uri else None)
         self._start()
 
     # ---- the actors ------------------------------------------------------------------------------

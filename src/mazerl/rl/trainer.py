@@ -84,7 +84,8 @@ class GRPOTrainer(GRPODriver):
                                    total_optimizer_steps=cfg.steps * self.optimizer_steps_per_step)
         self.optimizer, self.scheduler = self.worker.optimizer, self.worker.scheduler
         self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
-        self.mirror = CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints) if cfg.checkpoint_uri else None
+        self.mirror = (CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints, tensorboard=self.out / "tensorboard")
+                       if cfg.checkpoint_uri else None)
         self.step = 0
 
     # ---- checkpoints -------------------------------------------------------------------------
