@@ -330,3 +330,20 @@ def test_hyperpod_p5_compile_and_render_validate_and_carry_no_credential(tmp_pat
     # training is the RayJob's; evaluation of the 8B model gets a GPU of its own
     assert executors["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
     assert "accelerator" not in executors["exec-train-grpo"]["container"].get("resources", {})
+
+
+def test_the_launcher_reaches_the_cluster_through_a_kubeconfig(tmp_path, monkeypatch):
+    """Outside a pod (no service account), the kubeconfig's cluster, user and token are used."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with K8sAPIServer() as srv:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "hp",
+            "clusters": [{"name": "hp", "cluster": {"server": srv.url}}],
+            "users": [{"name": "me", "user": {"token": "t0ken"}}],
+            "contexts": [{"name": "hp", "context": {"cluster": "hp", "user": "me"}}]}))
+        api = custom_objects_api(kubeconfig=str(kubeconfig))
+        outcome = RayJobLauncher(api, "hyperpod-ns-ml-research", poll_s=0.05, log=lambda _: None).run(p5_manifest())
+    assert outcome.succeeded
+    with pytest.raises(LauncherError, match="no Kubernetes credentials"):
+        custom_objects_api(kubeconfig=str(tmp_path / "missing"))
