@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import socket
-
 import pytest
 
 from mazerl.mazes.visgym import reference_file
@@ -69,17 +67,13 @@ def small_mazes(tmp_path_factory) -> Path:
 S3_TEST_BUCKET = "mazerl-test-bucket"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto_url():
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    from mazerl.distributed.group import free_port
+
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"

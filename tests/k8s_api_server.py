@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from mazerl.distributed.group import free_port
 
 _PATH = re.compile(r"^/apis/ray\.io/v1/namespaces/(?P<ns>[^/]+)/rayjobs(?:/(?P<name>[^/]+))?$")
 
@@ -148,7 +149,7 @@ class K8sAPIServer:
 
     def __init__(self, state: ClusterState | None = None):
         self.state = state or ClusterState()
-        self.port = _free_port()
+        self.port = free_port()
         self._server = None
         self._thread = None
 
@@ -184,9 +185,3 @@ class K8sAPIServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
