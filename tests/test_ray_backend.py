@@ -121,7 +121,8 @@ def test_the_ray_metrics_export_serves_mazerl_training_metrics(small_mazes, tmp_
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    path, out = _config(small_mazes, tmp_path, steps=6, checkpoint_every=100,
+    # enough steps that Ray's periodic metrics export (every few seconds) is scraped before the run ends
+    path, out = _config(small_mazes, tmp_path, steps=16, checkpoint_every=100,
                         distributed={"ranks": 1, "rollout_workers": 1, "cpus_per_actor": 0.5})
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", METRICS_PORT_ENV: str(port), "MAZERL_RUN_ID": "run-7"}
     proc = subprocess.Popen([sys.executable, "-m", "mazerl", "train", "grpo", "--config", str(path), "--backend", "ray"],
