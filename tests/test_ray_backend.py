@@ -112,19 +112,18 @@ def test_placement_settings_are_checked_before_any_work(small_mazes, tmp_path):
 def test_the_ray_metrics_export_serves_mazerl_training_metrics(small_mazes, tmp_path):
     """During a local Ray run, Ray's metrics endpoint (Prometheus text, on 127.0.0.1) serves the
     driver's mazerl_* gauges beside Ray's own metrics."""
-    import socket
     import time
     import urllib.request
 
+    from mazerl.distributed.group import free_port
     from mazerl.distributed.ray_grpo import METRICS_PORT_ENV
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # enough steps that Ray's periodic metrics export (every few seconds) is scraped before the run ends
+    port = free_port()
     path, out = _config(small_mazes, tmp_path, steps=16, checkpoint_every=100,
                         distributed={"ranks": 1, "rollout_workers": 1, "cpus_per_actor": 0.5})
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", METRICS_PORT_ENV: str(port), "MAZERL_RUN_ID": "run-7"}
+    # Ray exports metrics every 10 s by default: every 0.5 s here, so a short run is scraped before it ends
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", METRICS_PORT_ENV: str(port), "MAZERL_RUN_ID": "run-7",
+           "RAY_metrics_report_interval_ms": "500"}
     proc = subprocess.Popen([sys.executable, "-m", "mazerl", "train", "grpo", "--config", str(path), "--backend", "ray"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     scraped, deadline = "", time.monotonic() + 500
