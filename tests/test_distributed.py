@@ -56,11 +56,36 @@ def _rank_worker(rank: int, world: int, model: str, optimizer_steps: int):
     return tp.policy.model, worker, tp.sampling(temperature=1.0)
 
 
+def _step(worker: PolicyWorker, batch: MiniBatch, sampling, step: int) -> dict:
+    """One GRPO step of one mini-batch; the teacher's replies carry no sampler log-probabilities, so
+    the trainer scores them first (recompute_old_logprobs)."""
+    worker.rescore_old_logprobs([batch], sampling)
+    return worker.train_step(batch, sampling, step)
+
+
+def test_old_logprobs_are_rescored_for_every_mini_batch_before_the_first_update(small_mazes):
+    """With several mini-batches per step, the second one is still compared with the weights that
+    sampled it, not with weights the first mini-batch already changed."""
+    from mazerl.rl.logprobs import token_logprobs
+
+    batches = _mini_batches("tiny-base", small_mazes)
+    model_, worker, sampling = _rank_worker(0, 1, "tiny-base", len(batches))
+    with torch.no_grad():
+        before = token_logprobs(model_, worker.chat, batches[1].samples, sampling, False, worker.choices).logprobs
+    worker.rescore_old_logprobs(batches, sampling)
+    worker.train_step(batches[0], sampling, 1)
+    kept = torch.tensor([lp for smp in batches[1].samples for lp, m in zip(smp.old_logprobs, smp.loss_mask) if m])
+    assert torch.allclose(kept, before, atol=1e-6)
+    with torch.no_grad():
+        after = token_logprobs(model_, worker.chat, batches[1].samples, sampling, False, worker.choices).logprobs
+    assert (after - before).abs().max() > 1e-4  # the first mini-batch's update did move them
+
+
 def _train(rank: int, world: int, model: str, batches: list[MiniBatch], out_file: str | None) -> dict:
     from mazerl.distributed.fsdp import full_state_dict
 
     model_, worker, sampling = _rank_worker(rank, world, model, len(batches))
-    steps = [worker.train_step(b, sampling, i + 1) for i, b in enumerate(batches)]
+    steps = [_step(worker, b, sampling, i + 1) for i, b in enumerate(batches)]
     losses = torch.tensor([s["loss"] for s in steps], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(losses)  # each rank's share of the mini-batch loss
@@ -99,11 +124,11 @@ def _train_with_checkpoint(rank: int, world: int, model: str, batches: list[Mini
 
     model_, worker, sampling = _rank_worker(rank, world, model, len(batches))
     if mode == "save":
-        worker.train_step(batches[0], sampling, 1)
+        _step(worker, batches[0], sampling, 1)
         save_sharded(ckpt, model_, worker.optimizer, worker.scheduler, {"step": 1}, rank, world)
     else:
         assert load_sharded(ckpt, model_, worker.optimizer, worker.scheduler, rank, world)["step"] == 1
-    worker.train_step(batches[1], sampling, 2)
+    _step(worker, batches[1], sampling, 2)
     state = full_state_dict(model_) if world > 1 else model_.state_dict()
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in state.items()}, out_file)

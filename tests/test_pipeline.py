@@ -161,13 +161,14 @@ def test_the_ray_backend_of_a_profile_reaches_the_ray_driver(monkeypatch, small_
         def __init__(self, cfg, on_step=None):
             seen["cfg"] = cfg
 
-        def run(self, resume):
-            seen["resume"] = resume
+        def run(self, resume, overwrite=False):
+            seen["resume"], seen["overwrite"] = resume, overwrite
             return {"step": 0}
 
     monkeypatch.setattr(ray_grpo, "RayGRPO", FakeDriver)
     final, record = train_grpo("tiny-base", str(small_mazes), "tiny-grpo", str(tmp_path / "out"), backend="ray")
-    assert seen["cfg"].distributed.backend == "ray" and seen["resume"] == "auto"
+    # as in process: a retried task resumes from its checkpoint, or starts over in its own output folder
+    assert seen["cfg"].distributed.backend == "ray" and seen["resume"] == "auto" and seen["overwrite"] is True
     assert seen["cfg"].train_data == str(small_mazes / "train.parquet") and final.endswith("final")
 
 

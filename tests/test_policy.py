@@ -134,3 +134,17 @@ def test_init_tiny_cli(tmp_path):
     assert again.exit_code == 2 and "not empty" in again.output
     bad = runner.invoke(app, ["policy", "init-tiny", "--out", str(tmp_path / "n"), "--size", "huge"])
     assert bad.exit_code == 2 and "small, medium" in bad.output
+
+
+def test_every_tiny_size_loads_through_the_real_path_and_fits_a_shipped_base(tmp_path):
+    """Each size is a Qwen3-VL that AutoModelForImageTextToText opens; the ones pretraining may ship
+    (base, deep) fit the 20 MiB cap in fp32."""
+    from transformers import AutoModelForImageTextToText
+
+    from mazerl.policy.tiny import SIZES, init_tiny
+
+    for size in ("base", "deep"):
+        model = AutoModelForImageTextToText.from_pretrained(init_tiny(tmp_path / size, size=size))
+        text = model.config.text_config
+        assert (text.num_hidden_layers, text.head_dim) == (SIZES[size]["layers"], SIZES[size]["head_dim"])
+        assert sum(p.numel() for p in model.parameters()) * 4 <= 20 * 2**20, size

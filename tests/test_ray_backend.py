@@ -31,16 +31,20 @@ def _train(path, *extra, env_extra=None):
                           capture_output=True, text=True, env=env, timeout=600)
 
 
-def test_two_ranks_and_a_rollout_actor_through_the_cli(small_mazes, tmp_path):
-    path, out = _config(small_mazes, tmp_path, kl_coef=0.01)  # the KL reference is sharded like the policy
+def test_two_ranks_and_two_rollout_actors_through_the_cli(small_mazes, tmp_path):
+    # the KL reference is sharded like the policy; each rollout actor plays one of the step's 2 mazes;
+    # the periodic greedy evaluation runs as in process (step 0, then every 2 steps)
+    path, out = _config(small_mazes, tmp_path, kl_coef=0.01, eval_every=2, eval_data=str(small_mazes / "heldout.parquet"),
+                        eval_mazes=2, distributed={"ranks": 2, "rollout_workers": 2, "cpus_per_actor": 0.5})
     result = _train(path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    log = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in log] == [1, 2, 3]
+    everything = read_metrics(out / "metrics.jsonl")
+    assert [(r["step"], r.get("eval/mazes")) for r in everything] == [(0, 2), (1, None), (2, 2), (3, None)]
+    log = everything[1:]
     # every trajectory was sampled with the weights after the previous update
     assert [r["rollout_versions"] for r in log] == [[0], [1], [2]]
     assert all(r["weights_lag"] == 0 and r["time/weight_sync"] > 0 for r in log)
-    assert all("time/rank0_update" in r and "time/rank1_update" in r and "time/rollout_worker0" in r for r in log)
+    assert all({"time/rank0_update", "time/rank1_update", "time/rollout_worker0", "time/rollout_worker1"} <= r.keys() for r in log)
     assert log[0]["kl"] == 0.0 and log[-1]["kl"] > 0.0  # step 1 trains from the reference weights; then they part
     for step in ("step-00000002", "step-00000003"):
         assert verify(out / "checkpoints" / step) is None
@@ -49,6 +53,10 @@ def test_two_ranks_and_a_rollout_actor_through_the_cli(small_mazes, tmp_path):
 
     final = AutoModelForImageTextToText.from_pretrained(out / "final")
     assert (out / "final" / "mazerl_policy.json").is_file() and sum(p.numel() for p in final.parameters()) > 1e6
+    # a fresh start over this run is refused, as in process, before any work
+    again = _train(path, "--resume", "never")
+    assert again.returncode == 2 and "holds an earlier run" in " ".join(again.stderr.split()), again.stderr[-1500:]
+    assert len(read_metrics(out / "metrics.jsonl")) == 4
 
 
 def test_a_dead_rollout_actor_fails_the_step_and_a_resume_redoes_it(small_mazes, tmp_path):
@@ -70,6 +78,12 @@ def test_more_ranks_than_cpus_is_refused_before_any_work(small_mazes, tmp_path):
     path, out = _config(small_mazes, tmp_path, distributed={"ranks": 4, "rollout_workers": 1, "cpus_per_actor": float(os.cpu_count() or 1)})
     result = _train(path)
     assert result.returncode == 2 and "need" in result.stderr and "CPUs" in result.stderr, result.stderr[-2000:]
+    assert not (out / "metrics.jsonl").exists()
+    # GPUs asked of a cluster that has none (this machine): refused the same way, before any work
+    path, out = _config(small_mazes, tmp_path, distributed={"ranks": 1, "rollout_workers": 1, "gpus_per_rank": 1})
+    result = _train(path)
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "need" in message and "1 GPUs; this Ray cluster has" in message and "0 GPUs" in message, message[-2000:]
     assert not (out / "metrics.jsonl").exists()
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from kfp import dsl
 from typer.testing import CliRunner
 
 from mazerl.cli import app
@@ -181,7 +182,7 @@ def test_forbidden_is_a_clear_rbac_error(verb):
             state.forbidden = set()
             run.submit(p5_manifest())
             state.forbidden = {"get"}
-        with pytest.raises(RBACError, match=f"forbidden to {'create' if verb == 'create' else 'read'} RayJob.*env/k8s"):
+        with pytest.raises(RBACError, match=f"forbidden to {'create' if verb == 'create' else 'read'} RayJob.*env/k8s \\(mazerl pipeline rbac"):
             run.run(p5_manifest())
 
 
@@ -277,7 +278,10 @@ def test_train_step_on_rayjob_stages_launches_follows_and_hands_back_the_model(s
         assert record["step"] == 2, (tmp_path / "entrypoint.log").read_text()[-3000:]
         run_dir = tmp_path / "fsx" / "mazerl" / "runs" / RUN
         assert (run_dir / "mazes" / "train.parquet").is_file() and (run_dir / "grpo.yaml").is_file()
-        assert (Path(final) / "config.json").is_file() and Path(final).parent == tmp_path / "artifact"
+        # later task pods get the model where they can see it (FSx), not in this pod's artifact folder
+        assert Path(final) == run_dir / "grpo" / "final" and (Path(final) / "config.json").is_file()
+        assert (Path(final).parent / "metrics.jsonl").is_file()
+        assert (tmp_path / "artifact" / "final" / "config.json").is_file()  # and a copy for the UI's lineage
         pointer = json.loads((tmp_path / "artifact" / "run.json").read_text())
         assert pointer["run_directory"] == str(run_dir) and pointer["checkpoint_uri"].endswith(f"/runs/{RUN}/checkpoints")
         assert [r["step"] for r in read_metrics(tmp_path / "artifact" / "metrics.jsonl")] == [1, 2]
@@ -330,6 +334,10 @@ def test_hyperpod_p5_compile_and_render_validate_and_carry_no_credential(tmp_pat
     # training is the RayJob's; evaluation of the 8B model gets a GPU of its own
     assert executors["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
     assert "accelerator" not in executors["exec-train-grpo"]["container"].get("resources", {})
+    # cleanup is the exit task (runs whatever happened inside) and knows the run, so it can find the run's RayJobs
+    cleanup = spec["root"]["dag"]["tasks"]["cleanup"]
+    assert cleanup["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert cleanup["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"] == dsl.PIPELINE_JOB_ID_PLACEHOLDER
 
 
 def test_the_launcher_reaches_the_cluster_through_a_kubeconfig(tmp_path, monkeypatch):
@@ -347,3 +355,54 @@ def test_the_launcher_reaches_the_cluster_through_a_kubeconfig(tmp_path, monkeyp
     assert outcome.succeeded
     with pytest.raises(LauncherError, match="no Kubernetes credentials"):
         custom_objects_api(kubeconfig=str(tmp_path / "missing"))
+
+
+def test_monitoring_files_scrape_what_the_rayjob_exposes_and_chart_what_mazerl_exports():
+    """env/monitoring keeps pods by the labels and port name the manifest sets, and the dashboard
+    charts exactly the gauges the Ray driver exports (a renamed metric would leave a blank panel)."""
+    from mazerl.distributed.prometheus import EXPORTED, metric_name
+
+    monitoring = Path(__file__).resolve().parents[1] / "env" / "monitoring"
+    manifest = p5_manifest()
+    head = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    assert head["metadata"]["labels"]["app.kubernetes.io/part-of"] == "mazerl"
+    assert any(p.get("name") == "metrics" for c in head["spec"]["containers"] for p in c.get("ports", []))
+    scrape = yaml.safe_load((monitoring / "prometheus-scrape.yaml").read_text())["scrape_configs"][0]
+    keeps = {r["source_labels"][0]: r["regex"] for r in scrape["relabel_configs"] if r.get("action") == "keep"}
+    assert keeps == {"__meta_kubernetes_pod_label_app_kubernetes_io_part_of": "mazerl",
+                     "__meta_kubernetes_pod_container_port_name": "metrics"}
+    monitor = yaml.safe_load((monitoring / "podmonitor.yaml").read_text())
+    assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/part-of": "mazerl"}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    dashboard = json.loads((monitoring / "grafana-dashboard.json").read_text())
+    charted = {re.match(r"(\w+)", t["expr"]).group(1) for p in dashboard["panels"] for t in p.get("targets", [])}
+    exported = {"ray_" + metric_name(k) for k in EXPORTED} | {"ray_mazerl_gpu_memory_gb"}
+    assert charted == exported
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rayjob": None}, "backend rayjob needs a rayjob section"),
+    ({"images.trainer": None}, "backend rayjob needs images.trainer"),
+    ({"kind": "local", "storage.fsx_claim": None}, "backend rayjob needs kind: hyperpod"),
+    ({"rayjob.gpus_per_worker": 0}, "gpus_per_worker"),
+    ({"rayjob.workers": 0}, "workers"),
+    ({"rayjob.shm_size": "lots"}, "shm_size"),
+    ({"rayjob.metrics_port": 80}, "metrics_port"),
+    ({"rayjob.unknown_knob": 1}, "unknown_knob"),
+])
+def test_bad_rayjob_sizing_in_a_profile_is_refused_by_name(tmp_path, change, message):
+    """The RayJob's sizing is validated when the profile loads, with the field named."""
+    from mazerl.config import ConfigError
+    from mazerl.profiles import PROFILE_DIR
+
+    raw = yaml.safe_load((PROFILE_DIR / "hyperpod-p5.yaml").read_text())
+    for dotted, value in change.items():
+        *parents, leaf = dotted.split(".")
+        node = raw
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=message):
+        load_profile(str(path))

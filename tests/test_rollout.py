@@ -63,6 +63,22 @@ def test_batched_and_one_at_a_time_rollouts_agree(tiny_policy):
     assert [t.replies for t in batched] == [t.replies for t in single]
 
 
+def test_a_maze_samples_the_same_alone_or_in_any_batch(tiny_policy):
+    """Seeds follow the episode (maze, sample k), not its slot, so slicing a step's mazes across
+    rollout workers, or reordering them, changes nothing."""
+    policy, chat = tiny_policy
+    engine = HFEngine.from_chat(policy.model, chat)
+    its = items(3, max_turns=3)
+    params = SamplingParams(max_new_tokens=6, seed=5, temperature=1.0, banned_ids=tuple(chat.banned_reply_ids))
+    batched = rollout(engine, chat, its, group_size=2, sampling=params, history=MARKOV)
+    alone = rollout(engine, chat, [its[2]], group_size=2, sampling=params, history=MARKOV)
+    reordered = rollout(engine, chat, its[::-1], group_size=2, sampling=params, history=MARKOV)
+    by_maze = lambda trajs: {(t.maze_id, k % 2): t.replies for k, t in enumerate(trajs)}
+    assert by_maze(alone) == {k: v for k, v in by_maze(batched).items() if k[0] == "m2"}
+    assert by_maze(reordered) == by_maze(batched)
+    assert batched[0].replies != batched[1].replies or batched[2].replies != batched[3].replies  # samples differ
+
+
 class GarbageEngine:
     """Replies with random token ids of random length (up to 400 tokens): a model gone wrong."""
 

@@ -3,6 +3,8 @@ the preflight (HyperPod cluster, instance group, healthy nodes) and model regist
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mazerl.cluster.sagemaker import PreflightError, RegistryError, preflight, register_model
@@ -71,11 +73,59 @@ def test_promote_on_a_hyperpod_profile_registers_the_model_package(hyperpod, tmp
     model.mkdir()
     (model / "config.json").write_text("{}")
     root = "s3://mazerl-test-bucket/registry-sm"
-    entry = promote(str(model), root, {"decision": {"success_diff": 0.2, "p_value": 0.003}}, "hash9", "run-9",
+    comparison = {"decision": {"success_diff": 0.2, "p_value": 0.003},
+                  "splits": {"heldout": {"mazes": 500, "success_base": 0.44, "success_new": 0.64, "mcnemar_p": 0.003},
+                             "larger": {"mazes": 64, "success_base": 0.2, "success_new": 0.25, "mcnemar_p": 0.4}}}
+    entry = promote(str(model), root, comparison, "hash9", "run-9",
                     profile_json=load_profile("hyperpod-p5").model_dump_json())
     assert read_registry(root)["model_package_arn"] == entry["model_package_arn"]
     described = hyperpod.describe_model_package(ModelPackageName=entry["model_package_arn"])
     assert described["ModelPackageGroupName"] == "mazerl-maze-navigators"
     assert described["CustomerMetadataProperties"]["success_diff"] == "0.2"
     assert described["CustomerMetadataProperties"]["run_id"] == "run-9"
+    # every split's figures go with the package, and the whole comparison beside the model
+    assert described["CustomerMetadataProperties"]["heldout/success_new"] == "0.64"
+    assert described["CustomerMetadataProperties"]["larger/success_base"] == "0.2"
+    from mazerl.storage import read_json
+
+    assert read_json(f"{root}/models/run-9/comparison.json") == comparison
     assert described["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"] == f"{root}/models/run-9/comparison.json"
+
+
+def test_promote_reads_compare_s_result_or_says_what_is_wrong(tmp_path):
+    """The promote task gets compare's result folder; anything but a comparison with a decision is named."""
+    import json
+
+    from mazerl.config import ConfigError
+    from mazerl.workflow import read_comparison
+
+    with pytest.raises(ConfigError, match="cannot read the comparison .*comparison.json"):
+        read_comparison(str(tmp_path))
+    (tmp_path / "comparison.json").write_text(json.dumps({"splits": {}}))
+    with pytest.raises(ConfigError, match="holds no promotion decision"):
+        read_comparison(str(tmp_path))
+    full = {"decision": {"success_diff": 0.1, "p_value": 0.01, "improved": True}, "splits": {"heldout": {"mazes": 5}}}
+    (tmp_path / "comparison.json").write_text(json.dumps(full))
+    assert read_comparison(str(tmp_path)) == full
+
+
+def test_the_promote_component_records_compare_s_whole_result(tmp_path):
+    """The KFP component itself: compare's result artifact in, the promotion recorded with it."""
+    import json
+
+    from kfp.dsl import Dataset
+
+    from mazerl.pipeline.components.promote import promote as promote_component
+    from mazerl.workflow import read_registry
+
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    result = tmp_path / "result"
+    result.mkdir()
+    full = {"decision": {"success_diff": 0.12, "p_value": 0.004, "improved": True}, "splits": {"heldout": {"mazes": 500}}}
+    (result / "comparison.json").write_text(json.dumps(full))
+    root = str(tmp_path / "registry")
+    where = promote_component(str(model), root, "hash3", Dataset(name="result", uri=str(result)), "run-3", "")
+    entry = read_registry(root)
+    assert entry["model"] == where and entry["decision"] == full["decision"] and (Path(where) / "config.json").is_file()

@@ -241,7 +241,7 @@ def mazes_show(
 @policy_app.command("init-tiny")
 def policy_init_tiny(
     out: Annotated[Path, typer.Option("--out", help="model directory to create")],
-    size: Annotated[str, typer.Option(help="small (~2.7M parameters) | medium (~9M)")] = "small",
+    size: Annotated[str, typer.Option(help="small (~2.7M parameters) | medium (~9M) | base (~3.1M, tiny-base's shape) | deep (~4.5M)")] = "small",
     seed: Annotated[int, typer.Option(help="weight initialisation seed")] = 0,
     overwrite: Annotated[bool, typer.Option(help="replace a non-empty --out")] = False,
 ) -> None:
@@ -376,7 +376,7 @@ def train_grpo_cmd(
 
         bar, on_step = _train_progress(cfg.steps, ("reward_mean", "success_rate", "entropy", "time/weight_sync"))
         with bar:
-            record = _run_job(lambda: RayGRPO(cfg, on_step).run(resume))
+            record = _run_job(lambda: RayGRPO(cfg, on_step).run(resume, overwrite))
         console.print(f"step {record.get('step')}: success {record.get('success_rate', float('nan')):.3f}; "
                       f"model: {Path(cfg.output_dir) / 'final'}")
         return

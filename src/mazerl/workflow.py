@@ -194,7 +194,7 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
         if cfg.distributed.backend == "ray":
             from .distributed.ray_grpo import RayGRPO
 
-            record = RayGRPO(cfg, on_step).run(resume="auto")  # a retried task resumes from its last checkpoint
+            record = RayGRPO(cfg, on_step).run(resume="auto", overwrite=True)  # as in process, below
         else:
             # a retried task resumes from its last checkpoint; with none, it starts over in its own output folder
             record = GRPOTrainer(cfg, on_step).run(resume="auto", overwrite=True)
@@ -266,6 +266,18 @@ def compare(base_dir: str, new_dir: str, out_dir: str, min_gain: float, max_p_va
     return result
 
 
+def read_comparison(result_dir: str) -> dict:
+    """compare's comparison.json (the decision and every split's paired figures)."""
+    path = Path(result_dir) / "comparison.json"
+    try:
+        comparison = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read the comparison {path}: {err}") from None
+    if not isinstance(comparison, dict) or not isinstance(comparison.get("decision"), dict):
+        raise ConfigError(f"{path} holds no promotion decision: not the output of compare")
+    return comparison
+
+
 def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_hash: str, run_id: str,
             profile_json: str = "") -> dict:
     """Record the promoted model in the registry pointer (atomic; the previous one is kept in history),
@@ -299,8 +311,11 @@ def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_ha
         decision = comparison.get("decision") or {}
         metrics_uri = _join(registry_root, "models", Path(durable).name, "comparison.json")
         write_document(metrics_uri, comparison)
+        per_split = {f"{split}/{key}": fig[key] for split, fig in (comparison.get("splits") or {}).items()
+                     for key in ("mazes", "success_base", "success_new", "mcnemar_p", "loop_rate_new") if key in fig}
         entry["model_package_arn"] = register_model(
-            sm.model_package_group, durable, sm.serving_image, {**decision, "run_id": run_id, "eval_splits_hash": eval_splits_hash},
+            sm.model_package_group, durable, sm.serving_image,
+            {**decision, "run_id": run_id, "eval_splits_hash": eval_splits_hash, **per_split},
             f"mazerl GRPO run {run_id}", approval=sm.approval_status,
             metrics_uri=metrics_uri if metrics_uri.startswith("s3://") else None)
     write_document(_join(registry_root, REGISTRY_FILE), entry)

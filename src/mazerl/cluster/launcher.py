@@ -206,7 +206,7 @@ class RayJobLauncher:
             except ApiException as err:
                 if err.status == 403:
                     raise RBACError(f"forbidden to {what} in namespace {self.namespace!r}: the pipeline's service account "
-                                    "needs the Role in env/k8s (mazerl cluster rbac --profile P)") from None
+                                    "needs the Role in env/k8s (mazerl pipeline rbac --profile P)") from None
                 if err.status is not None and err.status < 500 and err.status != 429:
                     raise
                 problem = f"HTTP {err.status}"

@@ -46,7 +46,9 @@ def _label_value(value: str, what: str) -> str:
 
 def entrypoint(config: str, overrides: dict[str, object]) -> str:
     """The driver's command: the training config (a path the pods can read) plus the profile's sizing."""
-    args = ["python", "-m", "mazerl", "train", "grpo", "--config", config, "--backend", "ray", "--resume", "auto"]
+    # a retried job resumes from the run's last checkpoint; one that died before its first checkpoint
+    # starts over in the run directory (--overwrite clears that attempt's metrics, never an input)
+    args = ["python", "-m", "mazerl", "train", "grpo", "--config", config, "--backend", "ray", "--resume", "auto", "--overwrite"]
     for key, value in sorted(overrides.items()):
         args += ["--set", f"{key}={value}"]
     return shlex.join(args)

@@ -65,7 +65,9 @@ def stage_run(profile: Profile, run_id: str, model: str, data_dir: str, config: 
 def train_on_rayjob(profile: Profile, run_id: str, model: str, data_dir: str, config: str, out_dir: str,
                     extra: dict | None = None, api=None, log: Callable[[str], None] = print,
                     poll_s: float = 10.0) -> tuple[str, dict]:
-    """Stage, preflight, launch and follow the RayJob; copy its final model into `out_dir`."""
+    """Stage, preflight, launch and follow the RayJob. Returns the final model's path on FSx (every
+    later task pod mounts FSx; `out_dir`, this pod's artifact folder, is not visible to them), after
+    copying the model and metrics into `out_dir` as well, for the pipeline UI's lineage."""
     from ..metrics import read_metrics
     from .launcher import RayJobLauncher, custom_objects_api
     from .rayjob import build_rayjob
@@ -100,7 +102,7 @@ def train_on_rayjob(profile: Profile, run_id: str, model: str, data_dir: str, co
                                   "checkpoint_uri": checkpoint_uri(profile, run_id),
                                   "tensorboard": str(run / "grpo" / "tensorboard"), "dashboard": outcome.dashboard_url})
     records = read_metrics(metrics) if metrics.is_file() else []
-    return str(out / "final"), (records[-1] if records else {})
+    return str(final), (records[-1] if records else {})
 
 
 def cancel_run(profile: Profile, run_id: str, api=None, log: Callable[[str], None] = print) -> list[str]:

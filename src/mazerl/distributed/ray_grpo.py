@@ -26,7 +26,7 @@ from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
 from ..storage import CheckpointMirror
-from ..rl.checkpoint import CheckpointManager, verify
+from ..rl.checkpoint import CheckpointManager
 from ..rl.config import GRPOConfig
 from ..rl.data import MazeSampler
 from ..rl.driver import GRPODriver, episode_metrics, update_stats
@@ -120,9 +120,21 @@ class TrainRank:
                                    rank=self.rank, world_size=self.world_size, reference=reference)
         return True
 
-    def train_step(self, batch, step: int) -> dict:
-        t0 = time.perf_counter()
+    def train_steps(self, batches, step: int) -> list[dict]:
+        """The step's whole update: one optimizer step per mini-batch (one call, so that the
+        behaviour policy's log-probabilities can be rescored for all of them before the first)."""
         sampling = self.tp.sampling(temperature=self.cfg.temperature, top_p=self.cfg.top_p)
+        t0 = time.perf_counter()
+        if self.cfg.recompute_old_logprobs:
+            self.worker.rescore_old_logprobs(batches, sampling)
+        rescore_seconds = time.perf_counter() - t0
+        outs = [self.train_step(batch, sampling, step) for batch in batches]
+        if outs:
+            outs[0]["seconds"] += rescore_seconds
+        return outs
+
+    def train_step(self, batch, sampling, step: int) -> dict:
+        t0 = time.perf_counter()
         out = self.worker.train_step(batch, sampling, step)
         out["seconds"] = time.perf_counter() - t0
         out["lr"] = self.worker.scheduler.get_last_lr()[0]
@@ -219,6 +231,12 @@ class RolloutWorker:
 
         self.tp.engine.sync_weights(serving_weights(weights, self.cfg.lora), version)
         return time.perf_counter() - t0
+
+    def greedy_eval(self) -> dict:
+        """The periodic greedy evaluation (eval_data, eval_mazes) with the weights this actor serves."""
+        from ..rl.common import greedy_success
+
+        return greedy_success(self.tp, self.cfg.policy, self.cfg.eval_data, self.cfg.eval_mazes, self.cfg.env)
 
     def version(self) -> int:
         return self.tp.engine.weights_version
@@ -353,8 +371,10 @@ class RayGRPO(GRPODriver):
         seed = derive_seed(cfg.seed, "rollout", self.step + 1)
         n = len(self.rollouts)
         slices = [list(range(k * len(rows) // n, (k + 1) * len(rows) // n)) for k in range(n)]
-        calls = [w.collect.remote([rows[i] for i in s], s[0], derive_seed(seed, "worker", k), self.step + 1)
-                 for k, (w, s) in enumerate(zip(self.rollouts, slices))]
+        # one seed for all workers: an episode's seed derives from its maze, so the batch samples the
+        # same whatever the number of rollout workers
+        calls = [w.collect.remote([rows[i] for i in s], s[0], seed, self.step + 1)
+                 for w, s in zip(self.rollouts, slices)]
         try:
             results = self.ray.get(calls)
         except self.ray.exceptions.RayActorError as err:
@@ -369,8 +389,8 @@ class RayGRPO(GRPODriver):
         batches, stats = self.mini_batches(trajs)
         per_rank_seconds = [0.0] * len(self.ranks)
         counted, lr = [], None
-        for batch in batches:
-            outs = self._on_all_ranks("train_step", batch, self.step + 1)
+        per_rank = self._on_all_ranks("train_steps", batches, self.step + 1)  # [rank][mini-batch]
+        for outs in zip(*per_rank):
             for r, out in enumerate(outs):
                 per_rank_seconds[r] += out["seconds"]
                 if "gpu_memory_gb" in out:
@@ -409,33 +429,33 @@ class RayGRPO(GRPODriver):
             self.mirror.after_save(target)
         return target
 
-    def resume(self, how: str) -> int | None:
-        if how == "never":
-            return None
-        if how == "auto" and self.mirror is not None and self.checkpoints.latest() is None:
-            self.mirror.restore_latest(self.checkpoints.root)
-        path = self.checkpoints.latest() if how == "auto" else Path(how)
+    def resume(self, how: str, overwrite: bool = False) -> int | None:
+        """Where the run starts: the same rules as in process (`rl.trainer.start_point`)."""
+        from ..rl.trainer import start_point
+
+        path = start_point(how, self.out, self.checkpoints, self.mirror,
+                           {"train_data": self.cfg.train_data, "eval_data": self.cfg.eval_data}, overwrite)
         if path is None:
             return None
-        problem = verify(path)
-        if problem is not None:
-            raise RayBackendError(f"--resume {path}: this checkpoint cannot be trusted: {problem}")
         state = self._on_all_ranks("load_checkpoint", str(path))[0]
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         return self.step
 
     # ---- the loop --------------------------------------------------------------------------------
-    def run(self, resume: str = "auto") -> dict:
+    def run(self, resume: str = "auto", overwrite: bool = False) -> dict:
         cfg = self.cfg
         record: dict = {}
         try:
-            resumed = self.resume(resume)
+            resumed = self.resume(resume, overwrite)
             sync_s = self.sync_weights()  # the engines start from the trainer's weights, version = step
             metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
             from .prometheus import TrainingGauges
 
             gauges = TrainingGauges(os.environ.get("MAZERL_RUN_ID") or self.out.name)  # scraped from Ray's metrics port
+            eval_seconds, evals_by_time = 0.0, 0  # periodic evaluation does not count against max_minutes
+            if resumed is None and (cfg.eval_every or cfg.eval_every_minutes) and cfg.eval_data:
+                metrics.write({"step": 0, **self.ray.get(self.rollouts[0].greedy_eval.remote())})
             started = time.perf_counter()
             try:
                 while self.step < cfg.steps:
@@ -455,7 +475,15 @@ class RayGRPO(GRPODriver):
                               "rollout_versions": sorted({t.weights_version for t in trajs}),
                               **{f"time/rollout_worker{k}": s for k, s in enumerate(worker_seconds)},
                               "train_tokens_per_s": upd["train_tokens"] / max(t2 - t1, 1e-9)}
-                    record["time/training_total"] = time.perf_counter() - started
+                    trained_s = time.perf_counter() - started - eval_seconds
+                    due_by_time = cfg.eval_every_minutes is not None and trained_s >= (evals_by_time + 1) * cfg.eval_every_minutes * 60
+                    if cfg.eval_data and ((cfg.eval_every and self.step % cfg.eval_every == 0) or due_by_time):
+                        # rollout actor 0 already serves the new weights (synced above)
+                        record.update(self.ray.get(self.rollouts[0].greedy_eval.remote()))
+                        record["eval/training_minutes"] = trained_s / 60
+                        eval_seconds += record["eval/seconds"]
+                        evals_by_time += int(due_by_time)
+                    record["time/training_total"] = time.perf_counter() - started - eval_seconds
                     out_of_time = cfg.max_minutes is not None and record["time/training_total"] > cfg.max_minutes * 60
                     if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or out_of_time:
                         self.save_checkpoint()

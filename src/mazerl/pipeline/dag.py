@@ -62,7 +62,7 @@ def build_pipeline(profile: Profile):
                                         min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)
             with dsl.If(decision.outputs["improved"] == 1, name="improved"):
                 promote = comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
-                                 success_diff=decision.outputs["success_diff"], p_value=decision.outputs["p_value"],
+                                 comparison=decision.outputs["result"],
                                  run_id=run_id, profile=profile_json).set_retry(2)
         if profile.kind == "hyperpod":
             if profile.backend == "rayjob":

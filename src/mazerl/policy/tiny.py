@@ -6,7 +6,9 @@ same loader (`policy.loading.load_policy`) opens both. Sizes are chosen to learn
 `small` (~2.7M parameters: 4 text layers of width 192, a 2-layer vision tower of width 96) and
 `medium` (~9M) use 16 px patches merged 2x2, so at 32 px per maze square one vision token covers
 exactly one square. `base` (the shape of the shipped pretrained `tiny-base`) uses unmerged 16 px
-patches at 16 px per square: the same one token per square from a quarter of the pixels.
+patches at 16 px per square: the same one token per square from a quarter of the pixels. `deep`
+(~4.5M) is `base` with 8 text layers and 64-wide heads (measured in docs/BENCHMARKS.md: it levels
+off where `base` does).
 """
 
 from __future__ import annotations
@@ -59,8 +61,12 @@ SIZES = {
     # every image token is one square; short token sequences (phrase tokens) keep a step cheap on CPU.
     "base": dict(hidden=192, layers=4, heads=4, kv_heads=2, head_dim=48, mlp=576, v_hidden=128, v_depth=3, v_heads=4, v_mlp=512,
                  patch=16, merge=1, vocab=1024, whole_phrases=True),
+    # base's view with twice the text depth and 64-wide heads (which vLLM's CPU build serves): more
+    # layers for following a route through the maze, within the 20 MB cap of a shipped base.
+    "deep": dict(hidden=192, layers=8, heads=3, kv_heads=1, head_dim=64, mlp=512, v_hidden=128, v_depth=3, v_heads=2, v_mlp=512,
+                 patch=16, merge=1, vocab=1024, whole_phrases=True),
 }
-TinySize = Literal["small", "medium", "base"]
+TinySize = Literal["small", "medium", "base", "deep"]
 # Whole images from 64x64 up to 512x512 (a 16x16-square maze at 32 px); larger ones are scaled down.
 MIN_PIXELS = 64 * 64
 MAX_PIXELS = 512 * 512

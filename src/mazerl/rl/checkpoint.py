@@ -133,13 +133,21 @@ def load_model_weights(model, path: Path) -> None:
         adapter = path / "model" / "adapter_model.safetensors"
         if not adapter.is_file():
             raise CheckpointMismatchError(f"checkpoint {path} holds no LoRA adapters (adapter_model.safetensors): it is not from a LoRA run")
-        result = set_peft_model_state_dict(model, load_file(adapter))
+        try:
+            result = set_peft_model_state_dict(model, load_file(adapter))
+        except RuntimeError as err:  # torch's size-mismatch report: adapters of another model or rank
+            raise CheckpointMismatchError(f"checkpoint {path} does not fit the LoRA model: {str(err).splitlines()[-1].strip()}") from None
         if result.unexpected_keys:
             raise CheckpointMismatchError(f"checkpoint {path} does not fit the LoRA model: unexpected {result.unexpected_keys[:5]}")
         return
     weights: dict[str, torch.Tensor] = {}
     for f in sorted((path / "model").glob("*.safetensors")):
         weights.update(load_file(f))
+    own = model.state_dict()
+    wrong_shape = [f"{k} {tuple(v.shape)} (model: {tuple(own[k].shape)})" for k, v in weights.items()
+                   if k in own and own[k].shape != v.shape]
+    if wrong_shape:
+        raise CheckpointMismatchError(f"checkpoint {path} is from another model (shapes differ): {', '.join(wrong_shape[:3])}")
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # Tied or non-persistent buffers may be absent from the file; anything else is a real mismatch.
     real_missing = [k for k in missing if not k.endswith("inv_freq")]

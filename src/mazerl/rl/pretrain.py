@@ -70,7 +70,7 @@ class PretrainConfig(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    size: Literal["small", "medium", "base"] = "base"
+    size: Literal["small", "medium", "base", "deep"] = "base"
     seed: int = Field(0, ge=0, description="weights, pool, validation set and data order all derive from it")
     steps: int = Field(5000, ge=1, description="optimizer steps (the reproducible stopping rule)")
     schedule_steps: int = Field(5000, ge=1, description="length of the learning-rate schedule (a run may stop earlier)")

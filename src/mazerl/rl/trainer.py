@@ -108,45 +108,11 @@ class GRPOTrainer(GRPODriver):
             self.mirror.after_save(path)
         return path
 
-    RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "final")  # what a run writes in output_dir
-
-    def _run_files(self) -> list[Path]:
-        return [self.out / n for n in self.RUN_FILES if (self.out / n).exists()
-                and not ((self.out / n).is_dir() and not any((self.out / n).iterdir()))]
-
     def resume(self, how: str, overwrite: bool = False) -> int | None:
-        """Where the run starts. `auto`: the latest complete checkpoint; `never`: a fresh start; or a
-        checkpoint directory (its manifest hashes verified). A fresh start goes only into an output
-        directory without an earlier run's files, unless `overwrite` (which removes them first);
-        checkpoints that exist but all fail verification are an error, not a silent restart."""
-        if how not in ("auto", "never"):
-            path = check_resume_arg(how, self.checkpoints.root)
-            problem = verify(path)
-            if problem is not None:
-                raise ResumeError(f"--resume {path}: this checkpoint cannot be trusted: {problem}")
-            return self._load_checkpoint(path)
-        if how == "auto":
-            if self.mirror is not None and self.checkpoints.latest() is None:
-                self.mirror.restore_latest(self.checkpoints.root)  # e.g. a new pod: the run's checkpoints are on S3
-            found = self.checkpoints.step_dirs()
-            path = self.checkpoints.latest()
-            if path is not None:
-                return self._load_checkpoint(path)
-            if found and not overwrite:
-                problems = "; ".join(f"{p.name}: {verify(p)}" for _, p in found)
-                raise ResumeError(f"no usable checkpoint in {self.checkpoints.root} ({problems}). Resume from a "
-                                  "checkpoint directory with --resume DIR, or start over with --resume never --overwrite")
-        earlier = self._run_files()
-        if earlier and not overwrite:
-            raise ResumeError(f"{self.out} holds an earlier run ({', '.join(p.name for p in earlier)}) and nothing to "
-                              "resume from; pass --overwrite to replace it, or choose another output_dir")
-        if earlier:
-            inputs = {"train_data": self.cfg.train_data, "eval_data": self.cfg.eval_data}
-            for p in earlier:
-                refuse_inputs_inside(p, inputs)
-            for p in earlier:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
-        return None
+        """Where the run starts (see `start_point`); the step resumed from, or None."""
+        path = start_point(how, self.out, self.checkpoints, self.mirror,
+                           {"train_data": self.cfg.train_data, "eval_data": self.cfg.eval_data}, overwrite)
+        return None if path is None else self._load_checkpoint(path)
 
     def _load_checkpoint(self, path: Path) -> int:
         trainer_state, state = load_trainer_state(path)
@@ -176,6 +142,8 @@ class GRPOTrainer(GRPODriver):
         lag = self.check_versions(trajs)
         batches, stats = self.mini_batches(trajs)
         sampling = self.tp.sampling(temperature=cfg.temperature, top_p=cfg.top_p)  # what the rollouts sampled with
+        if cfg.recompute_old_logprobs:
+            self.worker.rescore_old_logprobs(batches, sampling)
         outputs = [self.worker.train_step(batch, sampling, self.step + 1) for batch in batches]
         stats.update(update_stats(outputs, self.scheduler.get_last_lr()[0]), weights_lag=lag)
         return stats
@@ -249,3 +217,47 @@ class GRPOTrainer(GRPODriver):
             metrics.close()
         save_model_dir(self.model, self.tp.policy.processor, self.out / "final", cfg.policy)
         return record
+
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "final")  # what a run writes in output_dir
+
+
+def run_files(out: Path) -> list[Path]:
+    """An earlier run's files in `out` (empty folders do not count)."""
+    return [out / n for n in RUN_FILES if (out / n).exists() and not ((out / n).is_dir() and not any((out / n).iterdir()))]
+
+
+def start_point(how: str, out: Path, checkpoints, mirror, inputs: dict, overwrite: bool = False) -> Path | None:
+    """The checkpoint a run resumes from, or None for a fresh start (both backends use it).
+
+    `auto`: the latest complete checkpoint (fetched from the mirror on S3 when none is local);
+    `never`: a fresh start; else a checkpoint directory, its manifest hashes verified. A fresh start
+    goes only into an output directory without an earlier run's files, unless `overwrite` (which
+    removes them, never an input); checkpoints that exist but all fail verification are an error,
+    not a silent restart."""
+    if how not in ("auto", "never"):
+        path = check_resume_arg(how, checkpoints.root)
+        problem = verify(path)
+        if problem is not None:
+            raise ResumeError(f"--resume {path}: this checkpoint cannot be trusted: {problem}")
+        return path
+    if how == "auto":
+        if mirror is not None and checkpoints.latest() is None:
+            mirror.restore_latest(checkpoints.root)  # e.g. a new pod: the run's checkpoints are on S3
+        found = checkpoints.step_dirs()
+        path = checkpoints.latest()
+        if path is not None:
+            return path
+        if found and not overwrite:
+            problems = "; ".join(f"{p.name}: {verify(p)}" for _, p in found)
+            raise ResumeError(f"no usable checkpoint in {checkpoints.root} ({problems}). Resume from a "
+                              "checkpoint directory with --resume DIR, or start over with --resume never --overwrite")
+    earlier = run_files(out)
+    if earlier and not overwrite:
+        raise ResumeError(f"{out} holds an earlier run ({', '.join(p.name for p in earlier)}) and nothing to "
+                          "resume from; pass --overwrite to replace it, or choose another output_dir")
+    for p in earlier:
+        refuse_inputs_inside(p, inputs)
+    for p in earlier:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return None

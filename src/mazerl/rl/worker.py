@@ -57,6 +57,26 @@ class PolicyWorker:
             with self.model.disable_adapter():
                 return token_logprobs(self.model, self.chat, samples, sampling, False, self.choices).logprobs
 
+    def rescore_old_logprobs(self, batches: list[MiniBatch], sampling: SamplingParams) -> None:
+        """`recompute_old_logprobs`: before the step's first update, score this worker's sampled tokens
+        with the trainer's weights (an engine's numbers differ slightly) and keep them as the behaviour
+        policy's. Done for every mini-batch up front, so later mini-batches are still compared with
+        the weights that sampled them, not with weights this step already changed."""
+        with torch.no_grad():
+            for batch in batches:
+                if not batch.samples:
+                    continue
+                mine = list(range(self.rank, len(batch.samples), self.world_size))
+                per_rank = -(-len(batch.samples) // self.world_size)
+                for start in range(0, per_rank, self.cfg.micro_batch):
+                    rows = mine[start : start + self.cfg.micro_batch]
+                    samples = [batch.samples[i] for i in rows or [0]]  # same passes on every rank (FSDP)
+                    tl = token_logprobs(self.model, self.chat, samples, sampling, False, self.choices)
+                    for k, i in enumerate(rows):
+                        smp = batch.samples[i]
+                        scored = iter(tl.logprobs[tl.sample_index == k].tolist())
+                        smp.old_logprobs = [next(scored) if m else 0.0 for m in smp.loss_mask]
+
     def train_step(self, batch: MiniBatch, sampling: SamplingParams, step: int) -> dict:
         """One optimizer step on this worker's share of `batch` (gradient accumulation over
         micro-batches). An empty mini-batch still advances the learning-rate schedule, so the
@@ -80,10 +100,7 @@ class PolicyWorker:
             traj_of_row = torch.tensor([batch.episode[i] for i in rows])
             ref = self._reference_logprobs(samples, sampling) if cfg.kl_coef > 0 else None
             tl = token_logprobs(self.model, self.chat, samples, sampling, allowed_ids=self.choices)
-            old = tl.old_logprobs
-            if cfg.recompute_old_logprobs:
-                with torch.no_grad():  # the trainer's own numbers for the behaviour policy (an engine's differ slightly)
-                    old = token_logprobs(self.model, self.chat, samples, sampling, False, self.choices).logprobs.detach()
+            old = tl.old_logprobs  # the engine's, or the trainer's own after rescore_old_logprobs
             seq = traj_of_row[tl.sample_index.cpu()]
             token_adv = torch.cat([batch.token_advantages[i] for i in rows])
             loss, ls = grpo_loss(

@@ -90,10 +90,16 @@ def rollout(
         raise ValueError("rollout needs an engine or a teacher")
     envs: list[MazeEnv] = []
     trajs: list[Trajectory] = []
+    # an episode's sampling seed comes from what it is (maze, its repeat in this call, sample k), never
+    # from its position: the same maze gets the same samples alone, in any batch, on any rollout worker
+    episode_keys: list[str] = []
+    seen: dict[str, int] = {}
     configs: dict[int, EnvConfig] = {}
     for g, item in enumerate(items):
         cfg = configs.setdefault(item.max_turns, env_config.model_copy(update={"max_turns": item.max_turns}))
-        for _ in range(group_size):
+        repeat = seen[item.maze_id] = seen.get(item.maze_id, -1) + 1
+        for k in range(group_size):
+            episode_keys.append(f"{item.maze_id}/{repeat}/{k}")
             env = MazeEnv(item.task, cfg)
             obs = env.reset()
             conv = Conversation()
@@ -113,8 +119,7 @@ def rollout(
                 outputs.append(_teacher_output(chat, text, sampling))
         else:
             assert engine is not None
-            # each episode's turn has its own seed: its sample never depends on what shares the batch
-            requests = [GenerationRequest(c.ids, c.images, derive_seed(sampling.seed, call_offset + turn, i))
+            requests = [GenerationRequest(c.ids, c.images, derive_seed(sampling.seed, call_offset + turn, episode_keys[i]))
                         for c, i in zip(contexts, active)]
             outputs = engine.generate(requests, sampling, call_id=call_offset + turn)
         still = []

@@ -19,8 +19,10 @@ def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backe
             rayjob: run.json, the pointer to the run directory on FSx and the checkpoints on S3).
         metrics: headline numbers of the last step.
     Returns:
-        model: path of the trained model; training_log: its metrics.jsonl.
+        model: path of the trained model (rayjob: on FSx, which every task pod mounts); training_log:
+            its metrics.jsonl, beside it.
     """
+    import os
     from collections import namedtuple
 
     from mazerl.workflow import train_grpo as run
@@ -30,4 +32,6 @@ def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backe
     for key in ("reward_mean", "success_rate", "entropy", "step"):
         if key in record:
             metrics.log_metric(key, float(record[key]))
-    return namedtuple("Trained", ["model", "training_log"])(final, trained.path + "/metrics.jsonl")
+    # beside the model: the artifact folder in process, the run directory on FSx for rayjob (the later
+    # tasks' pods cannot see this pod's artifact folder)
+    return namedtuple("Trained", ["model", "training_log"])(final, os.path.join(os.path.dirname(final), "metrics.jsonl"))
