@@ -57,6 +57,14 @@ class PolicyWorker:
             with self.model.disable_adapter():
                 return token_logprobs(self.model, self.chat, samples, sampling, False, self.choices).logprobs
 
+    def _micro_batch_rows(self, batch: MiniBatch) -> list[list[int]]:
+        """This rank's sample indices, one list per micro-batch: every N-th sample of the mini-batch.
+        Every rank runs the same number of micro-batches (FSDP's collectives pair them up); a rank
+        short of samples gets an empty list, for a zero-weight pass."""
+        mine = list(range(self.rank, len(batch.samples), self.world_size))
+        per_rank = -(-len(batch.samples) // self.world_size)
+        return [mine[start : start + self.cfg.micro_batch] for start in range(0, per_rank, self.cfg.micro_batch)]
+
     def rescore_old_logprobs(self, batches: list[MiniBatch], sampling: SamplingParams) -> None:
         """`recompute_old_logprobs`: before the step's first update, score this worker's sampled tokens
         with the trainer's weights (an engine's numbers differ slightly) and keep them as the behaviour
@@ -66,11 +74,8 @@ class PolicyWorker:
             for batch in batches:
                 if not batch.samples:
                     continue
-                mine = list(range(self.rank, len(batch.samples), self.world_size))
-                per_rank = -(-len(batch.samples) // self.world_size)
-                for start in range(0, per_rank, self.cfg.micro_batch):
-                    rows = mine[start : start + self.cfg.micro_batch]
-                    samples = [batch.samples[i] for i in rows or [0]]  # same passes on every rank (FSDP)
+                for rows in self._micro_batch_rows(batch):
+                    samples = [batch.samples[i] for i in rows or [0]]
                     tl = token_logprobs(self.model, self.chat, samples, sampling, False, self.choices)
                     for k, i in enumerate(rows):
                         smp = batch.samples[i]
@@ -86,14 +91,9 @@ class PolicyWorker:
         if not batch.samples:
             self.scheduler.step()
             return {**sums, "grad_norm": None}
-        mine = list(range(self.rank, len(batch.samples), self.world_size))
         lr = self.scheduler.get_last_lr()[0]
-        # every rank runs the same number of micro-batches (FSDP's collectives pair them up); a rank
-        # short of samples runs a zero-weight pass instead
-        per_rank = -(-len(batch.samples) // self.world_size)
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, per_rank, cfg.micro_batch):
-            rows = mine[start : start + cfg.micro_batch]
+        for rows in self._micro_batch_rows(batch):
             weight = 1.0 if rows else 0.0
             rows = rows or [0]
             samples = [batch.samples[i] for i in rows]
