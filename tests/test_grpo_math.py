@@ -132,3 +132,26 @@ def test_episode_and_turn_weights_and_positive_only():
     assert positive == [[0.5], [0.0]]
     with pytest.raises(ValueError, match="both 0"):
         _advantages(trajs, [0.5, -0.5], episode_advantage_weight=0.0)
+
+
+def test_group_turn_baseline_credits_moves_from_states_seen_once():
+    from types import SimpleNamespace
+
+    def traj(group, path, actions, rewards):
+        return SimpleNamespace(group=group, rewards=rewards, stats=SimpleNamespace(path=path, actions=actions))
+
+    # second turns from different squares: the state baseline has nothing to compare them with
+    trajs = [traj(0, [(1, 1), (1, 3), (3, 3)], ["right", "down"], [0.1, 0.1]),
+             traj(0, [(1, 1), (3, 1), (3, 1)], ["down", "down"], [0.1, -0.1]),
+             traj(1, [(1, 1), (1, 1)], ["up"], [-0.1])]
+    by_state = _advantages(trajs, [0.0, 0.0, 0.0], episode_advantage_weight=0.0, turn_advantage_weight=1.0, turn_gamma=0.0)
+    assert by_state[0] == [0.0, 0.0] and by_state[1] == [0.0, 0.0]  # first moves tie; second moves seen once
+    by_group = _advantages(trajs, [0.0, 0.0, 0.0], episode_advantage_weight=0.0, turn_advantage_weight=1.0,
+                           turn_gamma=0.0, turn_baseline="group")
+    # group 0's four moves: three gained (+0.1), one walked back (-0.1); mean 0.05, std ~0.0866
+    gained, lost = (0.1 - 0.05) / 0.0866025, (-0.1 - 0.05) / 0.0866025
+    assert by_group[0] == pytest.approx([gained, gained], abs=1e-4)
+    assert by_group[1] == pytest.approx([gained, lost], abs=1e-4)
+    assert by_group[2] == [0.0]  # a group of one move: nothing to compare with
+    with pytest.raises(ValueError, match="turn_baseline"):
+        _advantages(trajs, [0.0] * 3, turn_advantage_weight=1.0, turn_baseline="batch")

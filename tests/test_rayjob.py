@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -232,7 +233,6 @@ def cpu_executor(workdir: Path):
     """Plays KubeRay: runs the RayJob's entrypoint here, with overrides that turn the GPU sizing into
     this machine's CPUs (later --set wins), in a local Ray."""
     import os
-    import shlex
     import subprocess
     import sys
 
@@ -291,6 +291,42 @@ def test_train_step_on_rayjob_stages_launches_follows_and_hands_back_the_model(s
         assert any(line.endswith("Complete, job SUCCEEDED") for line in logs)
         assert cancel_run(profile, RUN, api=api, log=logs.append) == []  # finished: left for KubeRay's TTL
         assert list(srv.state.jobs) == [(profile.namespace, job_name(RUN))]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_train_step_checks_hyperpod_nodes_before_launching(hyperpod, small_mazes, tmp_path, workers):
+    """With sagemaker.cluster_name set, the train step asks SageMaker (moto) for enough healthy nodes
+    of the node selector's instance type first: too few, and no RayJob is created."""
+    from mazerl.cluster.sagemaker import PreflightError
+    from mazerl.cluster.train_step import train_on_rayjob
+
+    base = load_profile("hyperpod-p5")
+    profile = base.model_copy(update={
+        "storage": base.storage.model_copy(update={"root": str(tmp_path / "root"), "fsx_mount_path": str(tmp_path / "fsx")}),
+        "rayjob": base.rayjob.model_copy(update={"workers": workers}),
+        "sagemaker": base.sagemaker.model_copy(update={"cluster_name": "hp", "model_package_group": None})})
+
+    def finish_at_once(job: dict) -> tuple[bool, str]:
+        """A job that 'trains' instantly: the final model appears where the real entrypoint writes it."""
+        config = Path(shlex.split(job["spec"]["entrypoint"])[shlex.split(job["spec"]["entrypoint"]).index("--config") + 1])
+        final = config.parent / "grpo" / "final"
+        final.mkdir(parents=True)
+        (final / "config.json").write_text("{}")
+        return True, ""
+
+    logs: list[str] = []
+    with K8sAPIServer(ClusterState(executor=finish_at_once)) as srv:
+        api = custom_objects_api(host=srv.url)
+        if workers == 3:  # moto's cluster has 2 healthy ml.p5.48xlarge nodes
+            with pytest.raises(PreflightError, match="2 healthy ml.p5.48xlarge nodes; this job needs 3"):
+                train_on_rayjob(profile, RUN, "tiny-base", str(small_mazes), "tiny-grpo", str(tmp_path / "a"), api=api,
+                                log=logs.append, poll_s=0.2)
+            assert srv.state.jobs == {}
+        else:
+            final, _ = train_on_rayjob(profile, RUN, "tiny-base", str(small_mazes), "tiny-grpo", str(tmp_path / "a"),
+                                       api=api, log=logs.append, poll_s=0.2)
+            assert logs[0] == "HyperPod preflight: 2 healthy ml.p5.48xlarge nodes in hp"
+            assert list(srv.state.jobs) == [(profile.namespace, job_name(RUN))] and Path(final).name == "final"
 
 
 def test_the_launcher_needs_nothing_beyond_the_shipped_role():
@@ -389,6 +425,7 @@ def test_monitoring_files_scrape_what_the_rayjob_exposes_and_chart_what_mazerl_e
     ({"rayjob.shm_size": "lots"}, "shm_size"),
     ({"rayjob.metrics_port": 80}, "metrics_port"),
     ({"rayjob.unknown_knob": 1}, "unknown_knob"),
+    ({"node_selector": {}}, "node_selector has no node.kubernetes.io/instance-type"),
 ])
 def test_bad_rayjob_sizing_in_a_profile_is_refused_by_name(tmp_path, change, message):
     """The RayJob's sizing is validated when the profile loads, with the field named."""

@@ -12,24 +12,6 @@ from mazerl.cluster.sagemaker import PreflightError, RegistryError, preflight, r
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/mazerl-serve@sha256:" + "0" * 64
 
 
-@pytest.fixture
-def hyperpod(s3):
-    """A HyperPod cluster 'hp' with 2 ml.p5.48xlarge nodes (moto needs its lifecycle bucket to exist)."""
-    import boto3
-
-    s3.create_bucket(Bucket="sagemaker-lifecycle-mazerl")
-    sm = boto3.client("sagemaker")
-    try:
-        sm.delete_cluster(ClusterName="hp")
-    except sm.exceptions.ClientError:
-        pass
-    sm.create_cluster(ClusterName="hp", Orchestrator={"Eks": {"ClusterArn": "arn:aws:eks:us-east-1:123456789012:cluster/eks"}},
-                      InstanceGroups=[{"InstanceGroupName": "gpu", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 2,
-                                       "ThreadsPerCore": 1, "ExecutionRole": "arn:aws:iam::123456789012:role/hp",
-                                       "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle-mazerl/lc", "OnCreate": "on_create.sh"}}])
-    return sm
-
-
 def test_preflight_passes_with_enough_healthy_nodes(hyperpod):
     found = preflight("hp", "ml.p5.48xlarge", 2)
     assert found == {"cluster": "hp", "instance_groups": ["gpu"], "healthy_nodes": 2}

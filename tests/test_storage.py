@@ -182,9 +182,10 @@ def test_a_bad_checkpoint_uri_is_refused_in_the_config():
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_the_promotion_registry_works_on_s3_and_on_local_or_fsx_paths(s3, tmp_path, where):
+def test_the_promotion_registry_works_on_s3_and_on_local_or_fsx_paths(s3, tmp_path, where, monkeypatch):
     """promote() keeps the model where the registry is (a task's output folder is pod-local on a
     cluster), and the next run starts from it."""
+    monkeypatch.setenv("MAZERL_MODEL_CACHE", str(tmp_path / "model-cache"))
     from mazerl.workflow import promote, read_registry, resolve_base_model
 
     model = tmp_path / "task-output" / "final"
@@ -201,7 +202,57 @@ def test_the_promotion_registry_works_on_s3_and_on_local_or_fsx_paths(s3, tmp_pa
     import shutil
 
     shutil.rmtree(tmp_path / "task-output")  # the task's pod is gone
-    start = Path(resolve_base_model("tiny-base", str(tmp_path / "next-run"), root))
+    named = resolve_base_model("tiny-base", str(tmp_path / "next-run"), root)
+    if where == "s3":
+        # an address, not a folder of this pod, goes to the next step; each loading pod fetches its own copy
+        from mazerl.policy.loading import resolve_model_name
+
+        assert named == entry["model"] and not (tmp_path / "next-run").exists()
+        start = Path(resolve_model_name(named))
+        assert start.is_relative_to(tmp_path / "model-cache")
+    else:
+        start = Path(named)
     assert (start / "model.safetensors").read_bytes() == b"weights" and (start / "config.json").exists()
     second = promote(str(start), root, {"decision": "promote"}, "hash1", "run-2")
     assert read_registry(root)["history"][0]["run_id"] == "run-1" and second["run_id"] == "run-2"
+
+
+def test_a_model_named_by_s3_address_is_fetched_once_checked_and_staged_for_rayjob_pods(s3, tmp_path, monkeypatch):
+    from mazerl.policy.loading import resolve_model_name
+    from mazerl.storage import StorageError
+    from mazerl.workflow import promote
+
+    monkeypatch.setenv("MAZERL_MODEL_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "config.json").write_text('{"a": 1}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    uri = promote(str(model), f"s3://{BUCKET}/registry", {"decision": "promote"}, "hash1", "run-9")["model"]
+    local = Path(resolve_model_name(uri))
+    assert (local / "model.safetensors").read_bytes() == b"weights"
+    (local / "model.safetensors").write_bytes(b"kept")  # a second load reuses the copy instead of downloading again
+    assert Path(resolve_model_name(uri)) == local and (local / "model.safetensors").read_bytes() == b"kept"
+    with pytest.raises(StorageError, match="no manifest"):
+        resolve_model_name(f"s3://{BUCKET}/registry/models/never-uploaded")
+    assert not any(p.name != local.name for p in (tmp_path / "cache").iterdir())  # nothing half-written left behind
+
+
+def test_rayjob_staging_puts_a_promoted_s3_model_on_fsx_for_every_pod(s3, small_mazes, tmp_path, monkeypatch):
+    import yaml
+
+    from mazerl.cluster.train_step import stage_run
+    from mazerl.profiles import load_profile
+    from mazerl.workflow import promote
+
+    monkeypatch.setenv("MAZERL_MODEL_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "config.json").write_text('{"a": 1}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    uri = promote(str(model), f"s3://{BUCKET}/registry", {"decision": "promote"}, "hash1", "run-1")["model"]
+    base = load_profile("hyperpod-p5")
+    profile = base.model_copy(update={"storage": base.storage.model_copy(update={"fsx_mount_path": str(tmp_path / "fsx")})})
+    run, config = stage_run(profile, "run-2", uri, str(small_mazes), "tiny-grpo", {})
+    assert (run / "base-model" / "model.safetensors").read_bytes() == b"weights"
+    assert yaml.safe_load(config.read_text())["policy"]["model"] == str(run / "base-model")
+    assert not (tmp_path / "cache").exists()  # the launcher's pod did not keep a copy of its own

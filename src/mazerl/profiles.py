@@ -34,6 +34,9 @@ def resolve_job_config(name_or_path: str) -> str:
     names = ", ".join(sorted(p.stem for p in JOB_CONFIG_DIR.glob("*.yaml")))
     raise ConfigError(f"unknown config {name_or_path!r}: give a YAML file or one of the shipped configs ({names})")
 _PINNED = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+# The node label EKS sets to the EC2 / HyperPod instance type: node selectors name it, and the RayJob
+# preflight checks that many healthy nodes of that type before launching.
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 class Images(BaseModel):
@@ -155,6 +158,10 @@ class Profile(BaseModel):
             if self.images.trainer is None:
                 raise ValueError("backend rayjob needs images.trainer (the GPU image of the RayJob)")
         sm = self.sagemaker
+        if self.backend == "rayjob" and sm is not None and sm.cluster_name and INSTANCE_TYPE_LABEL not in self.node_selector:
+            raise ValueError(f"sagemaker.cluster_name asks for a preflight of the HyperPod cluster's GPU nodes, but "
+                             f"node_selector has no {INSTANCE_TYPE_LABEL} to say which instance type the RayJob needs: "
+                             "add it (e.g. ml.p5.48xlarge), or remove cluster_name to launch without the check")
         if sm is not None and sm.model_package_group and sm.serving_image is None:
             raise ValueError("sagemaker.model_package_group needs sagemaker.serving_image (the model package's container)")
         return self

@@ -103,11 +103,12 @@ def resolve_base_model(model: str, out_dir: str, registry_root: str | None) -> s
 
     promoted = read_registry(registry_root)
     if promoted and promoted["model"].startswith("s3://"):
-        from .storage import get_tree
+        # the address itself goes on: this pod's folders are not the next step's (each loader fetches it)
+        from .policy.loading import fetch_s3_model
 
-        local = get_tree(promoted["model"], Path(out_dir) / "promoted")
+        fetch_s3_model(promoted["model"])  # fail here, clearly, if the upload is incomplete
         print(f"starting from the last promoted model: {promoted['model']} (run {promoted.get('run_id')})")
-        return str(local)
+        return promoted["model"]
     if promoted:
         if not Path(promoted["model"]).exists():
             raise ConfigError(
@@ -128,14 +129,34 @@ def _job_overrides(model: str, data_dir: str, out_dir: str, extra: dict) -> dict
             "eval_data": str(Path(data_dir) / "heldout.parquet"), "output_dir": out_dir, **extra}
 
 
-def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None) -> str:
+def cluster_run_dir(profile_json: str, run_id: str) -> Path | None:
+    """On a cluster profile, the run's directory on FSx (`<fsx>/mazerl/runs/<run id>`), where a step
+    that hands a model to later steps writes it: a task's artifact folder is local to its pod (KFP
+    uploads it when the task ends), so neither a retried pod nor the next step's pod could read it.
+    None for the local profile (kfp.local: one machine)."""
+    if not profile_json:
+        return None
+    profile = _profile(profile_json)
+    if profile.kind != "hyperpod":
+        return None
+    from .cluster.train_step import run_directory
+
+    return run_directory(profile, run_id)
+
+
+def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None,
+               profile_json: str = "", run_id: str = "") -> str:
     from .rl.config import SFTConfig
     from .rl.sft import train_sft
 
-    cfg = load_config(SFTConfig, config, _job_overrides(model, data_dir, out_dir, extra or {}))
+    run_dir = cluster_run_dir(profile_json, run_id)
+    work_dir = run_dir / "warm-start" if run_dir else Path(out_dir)
+    cfg = load_config(SFTConfig, config, _job_overrides(model, data_dir, str(work_dir), extra or {}))
     with Progress("warm-start", cfg.steps, "step", deadline_s=cfg.max_minutes * 60 if cfg.max_minutes else None) as bar:
         train_sft(cfg, lambda step, r: bar.update(step, loss=r.get("loss"), accuracy=r.get("move_accuracy")), overwrite=True)
-    return str(Path(out_dir) / "final")
+    if run_dir:
+        write_json(Path(out_dir) / "run.json", {"model": str(work_dir / "final")})
+    return str(work_dir / "final")
 
 
 # Where GRPO runs, by the profile's `backend`. "local": in this process (the KFP task pod, or
@@ -180,7 +201,15 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
         from .cluster.train_step import train_on_rayjob
 
         return train_on_rayjob(_profile(profile_json), run_id, model, data_dir, config, out_dir, extra or {})
-    overrides = _job_overrides(model, data_dir, out_dir, extra or {})
+    run_dir = cluster_run_dir(profile_json, run_id)
+    # on a cluster: checkpoints on FSx (and S3), so a retried pod resumes, and the model where later pods read it
+    work_dir = str(run_dir / "grpo") if run_dir else out_dir
+    overrides = _job_overrides(model, data_dir, work_dir, extra or {})
+    if run_dir:
+        from .cluster.train_step import checkpoint_uri
+
+        if (uri := checkpoint_uri(_profile(profile_json), run_id)) is not None:
+            overrides["checkpoint_uri"] = uri
     if backend == "ray":
         overrides["distributed.backend"] = "ray"
     cfg = load_config(GRPOConfig, config, overrides)
@@ -198,7 +227,11 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
         else:
             # a retried task resumes from its last checkpoint; with none, it starts over in its own output folder
             record = GRPOTrainer(cfg, on_step).run(resume="auto", overwrite=True)
-    return str(Path(out_dir) / "final"), record
+    if run_dir:
+        from .cluster.train_step import hand_back
+
+        hand_back(Path(work_dir), out_dir, {"run_directory": str(run_dir), "checkpoint_uri": overrides.get("checkpoint_uri")})
+    return str(Path(work_dir) / "final"), record
 
 
 def evaluation_limits(data_dir: str, splits: list[str], heldout: int, other: int, reference: int = 0) -> dict[str, int]:

@@ -20,9 +20,8 @@ import yaml
 
 from ..atomic import atomic_directory, write_json, write_text
 from ..config import load_config
-from ..profiles import Profile
+from ..profiles import INSTANCE_TYPE_LABEL, Profile
 
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 def run_directory(profile: Profile, run_id: str) -> Path:
@@ -52,6 +51,11 @@ def stage_run(profile: Profile, run_id: str, model: str, data_dir: str, config: 
     if Path(model).is_dir():  # a warm-started model (a task artifact); a hub id is fetched by the pods themselves
         _stage(Path(model), run / "base-model")
         model = str(run / "base-model")
+    elif model.startswith("s3://"):  # a promoted model: onto FSx once, instead of once per Ray pod
+        from ..storage import get_tree
+
+        get_tree(model, run / "base-model")
+        model = str(run / "base-model")
     overrides = {"policy.model": model, "train_data": str(run / "mazes" / "train.parquet"),
                  "eval_data": str(run / "mazes" / "heldout.parquet"), "output_dir": str(run / "grpo"), **extra}
     if (uri := checkpoint_uri(profile, run_id)) is not None:
@@ -77,10 +81,9 @@ def train_on_rayjob(profile: Profile, run_id: str, model: str, data_dir: str, co
     if profile.sagemaker is not None and profile.sagemaker.cluster_name:
         from .sagemaker import preflight
 
-        instance_type = profile.node_selector.get(INSTANCE_TYPE_LABEL)
-        if instance_type:
-            found = preflight(profile.sagemaker.cluster_name, instance_type, profile.rayjob.workers)
-            log(f"HyperPod preflight: {found['healthy_nodes']} healthy {instance_type} nodes in {found['cluster']}")
+        instance_type = profile.node_selector[INSTANCE_TYPE_LABEL]  # the profile refuses cluster_name without it
+        found = preflight(profile.sagemaker.cluster_name, instance_type, profile.rayjob.workers)
+        log(f"HyperPod preflight: {found['healthy_nodes']} healthy {instance_type} nodes in {found['cluster']}")
     launcher = RayJobLauncher(api or custom_objects_api(), profile.namespace, poll_s=poll_s, log=log)
     log(f"run directory (checkpoints, TensorBoard, metrics): {run / 'grpo'}")
     log(f"TensorBoard: tensorboard --logdir {run / 'grpo' / 'tensorboard'}")
@@ -92,17 +95,23 @@ def train_on_rayjob(profile: Profile, run_id: str, model: str, data_dir: str, co
         from .launcher import LauncherError
 
         raise LauncherError(f"RayJob {outcome.name} completed but left no model at {final}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _stage(final, out / "final")
+    hand_back(run / "grpo", out_dir, {"run_directory": str(run), "rayjob": outcome.name, "namespace": profile.namespace,
+                                       "checkpoint_uri": checkpoint_uri(profile, run_id), "dashboard": outcome.dashboard_url})
     metrics = run / "grpo" / "metrics.jsonl"
-    if metrics.is_file():
-        shutil.copyfile(metrics, out / "metrics.jsonl")
-    write_json(out / "run.json", {"run_directory": str(run), "rayjob": outcome.name, "namespace": profile.namespace,
-                                  "checkpoint_uri": checkpoint_uri(profile, run_id),
-                                  "tensorboard": str(run / "grpo" / "tensorboard"), "dashboard": outcome.dashboard_url})
     records = read_metrics(metrics) if metrics.is_file() else []
     return str(final), (records[-1] if records else {})
+
+
+def hand_back(grpo_dir: Path, out_dir: str, pointer: dict) -> None:
+    """A copy of a run's final model and metrics in the task's artifact folder (the pipeline UI's
+    lineage), with run.json pointing at the run directory on FSx that later pods read."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _stage(grpo_dir / "final", out / "final")
+    metrics = grpo_dir / "metrics.jsonl"
+    if metrics.is_file():
+        shutil.copyfile(metrics, out / "metrics.jsonl")
+    write_json(out / "run.json", {**pointer, "tensorboard": str(grpo_dir / "tensorboard")})
 
 
 def cancel_run(profile: Profile, run_id: str, api=None, log: Callable[[str], None] = print) -> list[str]:

@@ -46,7 +46,7 @@ def build_pipeline(profile: Profile):
             gen.set_caching_options(True).set_retry(2)
             start = comps["resolve_model"](model=model, registry_root=registry_root).set_caching_options(False)
             warm = comps["warm_start"](model=start.outputs["Output"], mazes=gen.outputs["mazes"], config=sft_config, enabled=warm_start,
-                                  steps=sft_steps)
+                                  steps=sft_steps, run_id=run_id, profile=profile_json)
             warm.set_caching_options(False)
             baseline = comps["evaluate"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                          other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="", label="baseline").set_caching_options(False)

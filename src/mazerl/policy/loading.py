@@ -84,9 +84,35 @@ def packaged_model_dir(name: str) -> Path:
     return path
 
 
+def model_cache_dir() -> Path:
+    """Where models named by an s3:// address are downloaded to: $MAZERL_MODEL_CACHE, else
+    ~/.cache/mazerl/models."""
+    import os
+
+    return Path(os.environ.get("MAZERL_MODEL_CACHE") or Path.home() / ".cache" / "mazerl" / "models")
+
+
+def fetch_s3_model(uri: str) -> Path:
+    """A model uploaded with its manifest (a promoted model, s3://.../models/<run>) as a local
+    directory: downloaded once per machine (every file checked against the manifest, the folder
+    appearing complete or not at all), then reused. Each pod that loads it fetches it itself, so an
+    address, never a pod-local path, is what passes between pipeline steps."""
+    import hashlib
+
+    from ..storage import get_tree
+
+    target = model_cache_dir() / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:20]
+    if not (target / "config.json").is_file():
+        get_tree(uri, target)
+    return target
+
+
 def resolve_model_name(path_or_id: str | Path) -> str:
-    """A packaged model's name (`tiny-base`) -> its verified directory; anything else unchanged."""
+    """A packaged model's name (`tiny-base`) -> its verified directory; an s3:// address -> its local
+    copy (fetch_s3_model); anything else (a path or hub id) unchanged."""
     name = str(path_or_id)
+    if name.startswith("s3://"):
+        return str(fetch_s3_model(name))
     return str(packaged_model_dir(name)) if name in PACKAGED_MODELS else name
 
 

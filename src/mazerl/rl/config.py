@@ -81,6 +81,10 @@ class GRPOConfig(BaseModel):
         0.0, ge=0.0, description="add this x the turn-level advantage of the state a move was made from (GiGPO's "
         "anchor-state groups: same square, same last move and feedback, within a maze's group); 0: episode-level only")
     turn_gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of the return-to-go behind turn-level advantages")
+    turn_baseline: Literal["state", "group"] = Field(
+        "state", description="what a move's return-to-go is normalised against: `state`, the group's moves from the same "
+        "anchor state (a state seen once gets no credit); `group`, every move of the maze's group (each move gets credit; "
+        "with turn_gamma 0 and potential-based shaping, env.progress_reward, each move is judged by the squares it gained)")
     positive_advantages_only: bool = Field(
         False, description="train only on moves with a positive advantage (reinforce what worked, RAFT-style): a failed "
         "episode's mostly-correct early moves are not pushed down")

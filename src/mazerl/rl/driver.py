@@ -78,11 +78,15 @@ class GRPODriver:
 
     def turn_advantages(self, trajs: list[Trajectory], episode_adv: torch.Tensor) -> list[list[float]]:
         """Per episode, per turn: the episode's advantage plus, when turn_advantage_weight > 0, the
-        weighted advantage of the move among the group's moves from the same state."""
+        weighted advantage of the move among the group's moves from the same state (or, with
+        turn_baseline 'group', among all the group's moves)."""
         cfg = self.cfg
         out = [[cfg.episode_advantage_weight * float(episode_adv[i])] * len(t.rewards) for i, t in enumerate(trajs)]
         if cfg.turn_advantage_weight > 0:
-            step = state_group_advantages([t.group for t in trajs], [turn_state_keys(t) for t in trajs],
+            # one anchor for every turn of a group when the baseline is the whole group
+            keys = ([turn_state_keys(t) for t in trajs] if cfg.turn_baseline == "state"
+                    else [[None] * len(t.rewards) for t in trajs])
+            step = state_group_advantages([t.group for t in trajs], keys,
                                           [list(t.rewards) for t in trajs], cfg.turn_gamma)
             out = [[a + cfg.turn_advantage_weight * s for a, s in zip(row, srow)] for row, srow in zip(out, step)]
         if cfg.positive_advantages_only:

@@ -15,11 +15,12 @@ def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backe
         backend: the profile's training backend (see mazerl.workflow.TRAINING_BACKENDS).
         run_id: the KFP run id (rayjob: names the RayJob and the run directory on FSx).
         profile: the deployment profile as JSON (rayjob: the RayJob's shape, namespace, storage).
-        trained: output directory: final/, metrics.jsonl (local/ray: also checkpoints/, tensorboard/;
-            rayjob: run.json, the pointer to the run directory on FSx and the checkpoints on S3).
+        trained: output directory: final/, metrics.jsonl (kfp.local: also checkpoints/, tensorboard/;
+            on a cluster, every backend: a copy, and run.json, the pointer to the run directory on FSx
+            where checkpoints live, and to the checkpoints on S3).
         metrics: headline numbers of the last step.
     Returns:
-        model: path of the trained model (rayjob: on FSx, which every task pod mounts); training_log:
+        model: path of the trained model (on a cluster: on FSx, which every task pod mounts); training_log:
             its metrics.jsonl, beside it.
     """
     import os
@@ -32,6 +33,6 @@ def train_grpo(model: str, mazes: Input[Dataset], config: str, steps: int, backe
     for key in ("reward_mean", "success_rate", "entropy", "step"):
         if key in record:
             metrics.log_metric(key, float(record[key]))
-    # beside the model: the artifact folder in process, the run directory on FSx for rayjob (the later
-    # tasks' pods cannot see this pod's artifact folder)
+    # beside the model: the artifact folder with kfp.local, the run directory on FSx on a cluster (the
+    # later tasks' pods cannot see this pod's artifact folder)
     return namedtuple("Trained", ["model", "training_log"])(final, os.path.join(os.path.dirname(final), "metrics.jsonl"))

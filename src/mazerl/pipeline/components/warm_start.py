@@ -16,21 +16,25 @@ def resolve_model(model: str, registry_root: str, base_model: Output[Model]) -> 
     return resolve_base_model(model, base_model.path, registry_root or None)
 
 
-def warm_start(model: str, mazes: Input[Dataset], config: str, enabled: bool, steps: int, warm_model: Output[Model]) -> str:
+def warm_start(model: str, mazes: Input[Dataset], config: str, enabled: bool, steps: int, run_id: str, profile: str,
+               warm_model: Output[Model]) -> str:
     """Behaviour-cloning warm start on solver moves (for models without pretraining).
 
     Args:
-        model: starting model (path or hub id).
+        model: starting model (path, hub id or s3:// address).
         mazes: the dataset from generate_mazes.
         config: SFT config YAML.
         enabled: when False the starting model passes through unchanged.
         steps: behaviour-cloning steps (0 = the config's).
-        warm_model: output directory of the warm-started model.
+        run_id: the KFP run id (on a cluster: names the run directory on FSx).
+        profile: the deployment profile as JSON (on a cluster the model is written to FSx).
+        warm_model: output directory: the warm-started model (on a cluster: run.json, its FSx path).
     Returns:
-        Path of the model GRPO starts from.
+        Path of the model GRPO starts from (on a cluster: on FSx, which every task pod mounts).
     """
     if not enabled:
         return model
     from mazerl.workflow import warm_start as run
 
-    return run(model, mazes.path, config, warm_model.path, {"steps": steps} if steps > 0 else {})
+    return run(model, mazes.path, config, warm_model.path, {"steps": steps} if steps > 0 else {},
+               profile_json=profile, run_id=run_id)
