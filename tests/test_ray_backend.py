@@ -59,7 +59,9 @@ def test_two_ranks_and_two_rollout_actors_through_the_cli(small_mazes, tmp_path)
     assert len(read_metrics(out / "metrics.jsonl")) == 4
 
 
-def test_a_dead_rollout_actor_fails_the_step_and_a_resume_redoes_it(small_mazes, tmp_path):
+def test_a_dead_rollout_actor_fails_the_step_and_a_resume_on_fewer_ranks_redoes_it(small_mazes, tmp_path):
+    """Step 2's rollout actor dies: nothing is trained on a partial batch. The run is resumed with 1
+    training rank instead of 2 (a smaller cluster): the 2-rank sharded checkpoint of step 1 loads."""
     from mazerl.distributed.ray_grpo import KILL_ROLLOUT_AT_STEP_ENV
 
     path, out = _config(small_mazes, tmp_path, checkpoint_every=1)
@@ -68,10 +70,15 @@ def test_a_dead_rollout_actor_fails_the_step_and_a_resume_redoes_it(small_mazes,
     assert "step 2: a rollout worker died" in " ".join(died.stderr.split()) and "Traceback" not in died.stderr
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]  # nothing trained on a partial batch
     assert not (out / "checkpoints" / "step-00000002").exists()
+    assert json.loads((out / "checkpoints" / "step-00000001" / "state.json").read_text())["world_size"] == 2
+    path, _ = _config(small_mazes, tmp_path, checkpoint_every=1, distributed={"ranks": 1, "rollout_workers": 1, "cpus_per_actor": 0.5})
     resumed = _train(path)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     log = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in log] == [1, 2, 3] and [r["rollout_versions"] for r in log] == [[0], [1], [2]]
+    assert "time/rank0_update" in log[-1] and "time/rank1_update" not in log[-1]
+    state = json.loads((out / "checkpoints" / "step-00000003" / "state.json").read_text())
+    assert state["world_size"] == 1 and verify(out / "checkpoints" / "step-00000003") is None
 
 
 def test_more_ranks_than_cpus_is_refused_before_any_work(small_mazes, tmp_path):

@@ -281,7 +281,8 @@ def test_the_in_process_engine_loads_synced_weights(tiny_model_dir):
 
 
 def test_a_lora_run_killed_and_resumed_matches_an_uninterrupted_one(warm_model, one_move_split, tmp_path):
-    """Adapters are checkpointed with peft's state-dict functions; resuming loads them (not the base)."""
+    """Adapters are checkpointed with peft's state-dict functions; a run SIGKILLed after step 2
+    resumes from them (not from the base) and ends where an uninterrupted run does."""
     from peft import get_peft_model_state_dict
 
     from mazerl.rl.checkpoint import CheckpointMismatchError, load_model_weights
@@ -289,11 +290,17 @@ def test_a_lora_run_killed_and_resumed_matches_an_uninterrupted_one(warm_model, 
     lora = {"r": 4, "alpha": 8}
     straight = GRPOTrainer(grpo_config(warm_model, one_move_split, tmp_path / "a", steps=3, lora=lora, checkpoint_every=1))
     straight.run(resume="never")
-    first = GRPOTrainer(grpo_config(warm_model, one_move_split, tmp_path / "b", steps=2, lora=lora, checkpoint_every=1))
-    first.run(resume="never")
+    cfg = grpo_config(warm_model, one_move_split, tmp_path / "b", steps=3, lora=lora, checkpoint_every=1)
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    killed = run_cli(path, env={KILL_AFTER_STEP_ENV: "2"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (tmp_path / "b" / "final").exists()
+    assert (tmp_path / "b" / "checkpoints" / "latest").read_text().strip() == "step-00000002"
     assert (tmp_path / "b" / "checkpoints" / "step-00000002" / "model" / "adapter_model.safetensors").is_file()
-    resumed = GRPOTrainer(grpo_config(warm_model, one_move_split, tmp_path / "b", steps=3, lora=lora, checkpoint_every=1))
+    resumed = GRPOTrainer(cfg)
     resumed.run(resume="auto")
+    assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3]
     a = get_peft_model_state_dict(straight.model)
     b = get_peft_model_state_dict(resumed.model)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
