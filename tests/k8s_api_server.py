@@ -3,14 +3,19 @@
 It speaks the real wire format (`/apis/ray.io/v1/namespaces/<ns>/rayjobs[/<name>]`, JSON bodies,
 `Status` objects with `reason` and `code` on errors), keeps RayJobs in memory, and plays KubeRay's
 part: each GET advances a job along a scripted list of statuses. Scenarios switch on what a real
-cluster does: 403 for a service account without the Role, 409 for a name that exists, and an
-outage (connections refused) for a set number of seconds mid-poll.
+cluster does: 403 for a service account without the Role, 409 for a name that exists, an outage
+(connections refused) for a set number of seconds mid-poll, and, as in a pod, HTTPS with a
+certificate of its own CA (`self_signed_certificate`) and 401 for a request without the service
+account's bearer token.
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
 import re
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +39,7 @@ class ClusterState:
     outage_after_gets: int | None = None  # refuse connections after this many GETs ...
     outage_s: float = 0.0  # ... for this long
     requests: list[tuple[str, str]] = field(default_factory=list)
+    bearer_token: str | None = None  # when set, a request must carry "Authorization: Bearer <it>" (else 401)
     # when set, plays the job for real: called with the created RayJob in a thread; returns (ok, message).
     # Until it returns the job is Running; then Complete/SUCCEEDED or Failed/AppFailed with the message.
     executor: object = None
@@ -66,6 +72,10 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         m = _PATH.match(url.path)
         self.state.requests.append((verb, url.path))
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if self.state.bearer_token is not None and (scheme.lower() != "bearer" or token != self.state.bearer_token):
+            self._send(401, _status(401, "Unauthorized", "Unauthorized"))
+            return None
         if m is None:
             self._send(404, _status(404, "NotFound", f"the server could not find the requested resource {url.path}"))
             return None
@@ -147,19 +157,25 @@ class _Handler(BaseHTTPRequestHandler):
 class K8sAPIServer:
     """`with K8sAPIServer() as srv:` ... `srv.url`, `srv.state`."""
 
-    def __init__(self, state: ClusterState | None = None):
+    def __init__(self, state: ClusterState | None = None, tls: tuple[str, str] | None = None):
+        """`tls`: (certificate, key) PEM files; the server then speaks HTTPS only."""
         self.state = state or ClusterState()
         self.port = free_port()
+        self.tls = tls
         self._server = None
         self._thread = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         handler = type("Handler", (_Handler,), {"state": self.state, "server_ref": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        if self.tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -185,3 +201,29 @@ class K8sAPIServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def self_signed_certificate(directory, name: str = "apiserver") -> tuple[str, str]:
+    """A CA-less self-signed certificate for 127.0.0.1 (it is its own CA bundle): (cert, key) paths."""
+    from pathlib import Path
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    directory = Path(directory)
+    cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)

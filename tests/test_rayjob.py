@@ -20,7 +20,7 @@ from mazerl.cluster.launcher import LauncherError, RayJobLauncher, RBACError, cu
 from mazerl.cluster.rayjob import LABEL_RUN, RayJobSpecError, build_rayjob, job_name, render
 from mazerl.profiles import load_profile
 
-from k8s_api_server import ClusterState, K8sAPIServer
+from k8s_api_server import ClusterState, K8sAPIServer, self_signed_certificate
 
 CRDS = Path(__file__).parent / "data" / "crds"
 RUN = "3f2c1b9e-1111-2222-3333-444455556666"
@@ -327,6 +327,51 @@ def test_the_train_step_checks_hyperpod_nodes_before_launching(hyperpod, small_m
                                        api=api, log=logs.append, poll_s=0.2)
             assert logs[0] == "HyperPod preflight: 2 healthy ml.p5.48xlarge nodes in hp"
             assert list(srv.state.jobs) == [(profile.namespace, job_name(RUN))] and Path(final).name == "final"
+
+
+@pytest.fixture
+def in_a_pod(tmp_path, monkeypatch):
+    """What Kubernetes gives a pod: KUBERNETES_SERVICE_HOST/PORT and the service account's token and
+    CA bundle (files at the paths the client reads, pointed here); an HTTPS API server that demands
+    the token. Yields (server, ca_path)."""
+    import kubernetes.config.incluster_config as incluster
+
+    cert, key = self_signed_certificate(tmp_path)
+    token = tmp_path / "token"
+    token.write_text("sa-token-123")
+    monkeypatch.setattr(incluster, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster, "SERVICE_CERT_FILENAME", cert)
+    with K8sAPIServer(ClusterState(bearer_token="sa-token-123"), tls=(cert, key)) as srv:
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(srv.port))
+        yield srv, cert
+
+
+def test_in_a_pod_the_launcher_uses_the_service_account_over_tls(in_a_pod):
+    srv, _ = in_a_pod
+    launcher = RayJobLauncher(custom_objects_api(), "mazerl", poll_s=0.01, log=lambda _: None)
+    outcome = launcher.run(p5_manifest(), timeout_s=30)
+    assert outcome.succeeded and srv.url.startswith("https://")
+    assert ("create", "/apis/ray.io/v1/namespaces/mazerl/rayjobs") in srv.state.requests
+
+
+def test_in_a_pod_a_bad_token_or_a_foreign_ca_fails_at_once_with_what_to_check(in_a_pod, tmp_path, monkeypatch):
+    import kubernetes.config.incluster_config as incluster
+
+    srv, _ = in_a_pod
+    srv.state.bearer_token = "another-token"
+    with pytest.raises(LauncherError, match="401 Unauthorized.*service account token"):
+        RayJobLauncher(custom_objects_api(), "mazerl", log=lambda _: None).submit(p5_manifest())
+    srv.state.bearer_token = "sa-token-123"
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    foreign_ca, _ = self_signed_certificate(other_dir, "foreign")
+    monkeypatch.setattr(incluster, "SERVICE_CERT_FILENAME", foreign_ca)
+    started = time.monotonic()
+    with pytest.raises(LauncherError, match="TLS to the Kubernetes API server failed.*ca.crt"):
+        RayJobLauncher(custom_objects_api(), "mazerl", log=lambda _: None).submit(p5_manifest())
+    assert time.monotonic() - started < 60  # not retried as if the server were down
+    assert srv.state.jobs == {}
 
 
 def test_the_launcher_needs_nothing_beyond_the_shipped_role():

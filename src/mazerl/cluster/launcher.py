@@ -198,6 +198,7 @@ class RayJobLauncher:
         to `api_outage_s`; 403 becomes a clear RBAC error; other answers go to the caller."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError as Urllib3Error
+        from urllib3.exceptions import MaxRetryError, SSLError
 
         first_failure, delay = None, 1.0
         while True:
@@ -207,10 +208,19 @@ class RayJobLauncher:
                 if err.status == 403:
                     raise RBACError(f"forbidden to {what} in namespace {self.namespace!r}: the pipeline's service account "
                                     "needs the Role in env/k8s (mazerl pipeline rbac --profile P)") from None
+                if err.status == 401:
+                    raise LauncherError(f"the Kubernetes API server rejected this task's credentials (401 Unauthorized) "
+                                        f"trying to {what}: the service account token (or kubeconfig user) is missing, "
+                                        "expired or for another cluster") from None
                 if err.status is not None and err.status < 500 and err.status != 429:
                     raise
                 problem = f"HTTP {err.status}"
             except (Urllib3Error, ConnectionError, OSError) as err:
+                # a certificate the CA bundle does not vouch for will not get better by waiting
+                cause = err.reason if isinstance(err, MaxRetryError) else err
+                if isinstance(cause, SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(cause):
+                    raise LauncherError(f"TLS to the Kubernetes API server failed trying to {what}: {cause}; the CA "
+                                        "bundle (in a pod: the service account's ca.crt) does not match the server") from None
                 problem = type(err).__name__
             now = self.clock()
             first_failure = now if first_failure is None else first_failure
