@@ -2,6 +2,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from mazerl.envs.actions import ACTIONS
 from mazerl.mazes.render import RenderOptions, render_rgb
@@ -148,3 +149,90 @@ def test_every_tiny_size_loads_through_the_real_path_and_fits_a_shipped_base(tmp
         text = model.config.text_config
         assert (text.num_hidden_layers, text.head_dim) == (SIZES[size]["layers"], SIZES[size]["head_dim"])
         assert sum(p.numel() for p in model.parameters()) * 4 <= 20 * 2**20, size
+
+
+def _block0_output(model, image_processor, frame):
+    """Vision block 0's output per patch (raster order) for one frame, through the model's own forward."""
+    from mazerl.rollout.engine import vision_inputs
+
+    captured = {}
+    hook = model.model.visual.blocks[0].register_forward_hook(lambda m, i, o: captured.setdefault("out", o))
+    try:
+        inputs = vision_inputs(image_processor, [frame])
+        model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+    finally:
+        hook.remove()
+    return captured["out"]
+
+
+@pytest.mark.parametrize("vision_init", ["neighbours", "random"])
+def test_neighbour_vision_init_makes_block0_read_the_four_adjacent_squares(tmp_path, vision_init):
+    """Change one square of the picture: with `neighbours`, block 0's output moves far more at the four
+    squares next to it than at any square further away; a randomly initialised block has no such
+    locality (the control that makes the first case mean something)."""
+    from mazerl.policy.tiny import init_tiny
+
+    policy = load_policy(init_tiny(tmp_path / "m", size="base", vision_init=vision_init))
+    grid = sample_maze("wilson", (4, 4), 3).grid
+    px = 16
+    frame = render_rgb(grid, (1, 1), (7, 7), RenderOptions(square_px=px))
+    r, c = 4, 4  # a square in the middle of the 9x9 picture
+    changed = frame.copy()
+    changed[r * px:(r + 1) * px, c * px:(c + 1) * px] = (0, 0, 255) if grid[r, c] else (128, 128, 128)
+    with torch.no_grad():
+        delta = (_block0_output(policy.model, policy.processor.image_processor, changed)
+                 - _block0_output(policy.model, policy.processor.image_processor, frame)).norm(dim=-1).reshape(9, 9)
+    neighbours = [delta[r + dr, c + dc].item() for dr, dc in ((0, 1), (-1, 0), (0, -1), (1, 0))]
+    far = [delta[i, j].item() for i in range(9) for j in range(9) if abs(i - r) + abs(j - c) >= 2]
+    if vision_init == "neighbours":
+        assert min(neighbours) > 5 * max(far), (neighbours, max(far))
+    else:
+        assert min(neighbours) < 5 * max(far)
+
+
+def test_neighbour_attention_biases_fit_each_direction(tmp_path):
+    from mazerl.policy.tiny import init_tiny, neighbour_attention_biases
+
+    policy = load_policy(init_tiny(tmp_path / "m", size="base"))
+    bq, bk, fit = neighbour_attention_biases(policy.model)
+    assert bq.shape == bk.shape == (4, policy.model.model.visual.blocks[0].attn.head_dim)
+    assert fit > 0.9  # the mean attention each head gives the square it is meant to read
+    with pytest.raises(ValueError, match="5 neighbour heads.*4 heads"):
+        neighbour_attention_biases(policy.model, offsets=((0, 1),) * 5)
+
+
+def _block1_output(model, image_processor, frame):
+    from mazerl.rollout.engine import vision_inputs
+
+    captured = {}
+    hook = model.model.visual.blocks[1].register_forward_hook(lambda m, i, o: captured.setdefault("out", o))
+    try:
+        inputs = vision_inputs(image_processor, [frame])
+        model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+    finally:
+        hook.remove()
+    return captured["out"]
+
+
+def test_maze_vision_init_tells_every_square_where_the_agent_is(tmp_path):
+    """Move the agent from one corner of the maze to the other: with `maze`, block 1's output changes
+    at squares far from both places (each square attends to the agent's square), many times more
+    than a randomly initialised tower lets it."""
+    from mazerl.policy.tiny import init_tiny
+
+    maze = sample_maze("wilson", (4, 4), 11)
+    options = RenderOptions(square_px=16)
+    before = render_rgb(maze.grid, (1, 1), (7, 7), options)
+    after = render_rgb(maze.grid, (7, 1), (7, 7), options)  # (7, 1) and (1, 1) are cells: always floor
+    far = [(r, c) for r in range(9) for c in range(9) if min(abs(r - 1) + abs(c - 1), abs(r - 7) + abs(c - 1)) >= 3]
+    change = {}
+    for vision_init in ("maze", "random"):
+        policy = load_policy(init_tiny(tmp_path / vision_init, size="base", vision_init=vision_init))
+        ip = policy.processor.image_processor
+        with torch.no_grad():
+            a = _block1_output(policy.model, ip, before).reshape(9, 9, -1)
+            b = _block1_output(policy.model, ip, after).reshape(9, 9, -1)
+        change[vision_init] = sum(((b[r, c] - a[r, c]).norm() / a[r, c].norm()).item() for r, c in far) / len(far)
+    assert change["maze"] > 5 * change["random"], change
+    with pytest.raises(ValueError, match="one vision token per 16 px square"):
+        init_tiny(tmp_path / "small", size="small", vision_init="maze")

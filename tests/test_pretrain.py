@@ -149,3 +149,31 @@ def test_a_damaged_or_missing_tiny_base_is_named(tmp_path, monkeypatch):
         load_policy("tiny-base")
     r = runner.invoke(app, ["eval", "--model", "tiny-base", "--data", str(tmp_path / "x.parquet"), "--out", str(tmp_path / "e")])
     assert r.exit_code == 2 and "tiny-base" in r.output and "Traceback" not in r.output
+
+
+def test_perception_labels_are_the_open_neighbours_of_the_agent_in_each_picture(tmp_path, monkeypatch):
+    """Each learned turn's four perception bits say which squares next to the agent are open, read here
+    from the picture itself: the blue square is the agent, grey squares are walls."""
+    import numpy as np
+
+    from mazerl.mazes.layout import MOVES, MOVE_NAMES
+    from mazerl.rl import pretrain
+    from mazerl.rl.pretrain import PretrainConfig, Pretrainer, perception_token_ids
+
+    monkeypatch.setattr(pretrain, "evaluation_exclusions", lambda reference: set())  # no presets to generate here
+    cfg = PretrainConfig.model_validate({**TINY_RUN, "batch_turns": 24, "turns_per_maze": 3, "noise": 0.4})
+    trainer = Pretrainer(cfg, tmp_path / "out", None, log=lambda *a: None)
+    batch, labels = trainer.teacher_batch(step=1)
+    assert len(batch) == len(labels) == 24
+    px = trainer.render.square_px
+    checked = 0
+    for sample, bits in zip(batch, labels):
+        frame = sample.images[-1]
+        centres = frame[px // 2::px, px // 2::px]  # one pixel per square, in the middle
+        (r,), (c,) = np.nonzero((centres == (0, 0, 255)).all(-1))
+        wall = (centres == (169, 169, 169)).all(-1)
+        assert bits == [0.0 if wall[r + dr, c + dc] else 1.0 for dr, dc in (MOVES[m] for m in MOVE_NAMES)]
+        checked += 1
+    assert checked == 24
+    ids = perception_token_ids(trainer.tp.chat.tokenizer)
+    assert len(set(ids)) == 4 and not set(ids) & set(trainer.tp.reply_choices)  # never a word the grammar lets it say

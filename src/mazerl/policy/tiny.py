@@ -18,6 +18,7 @@ from typing import Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers.models.qwen3_vl.modeling_qwen3_vl import get_vision_position_ids
 
 from ..atomic import atomic_directory
 from ..envs.actions import ACTIONS
@@ -67,6 +68,14 @@ SIZES = {
                  patch=16, merge=1, vocab=1024, whole_phrases=True),
 }
 TinySize = Literal["small", "medium", "base", "deep"]
+# How the vision tower starts: "random" (Hugging Face's init); "neighbours": block 0's first four heads
+# look at the square to the right, above, left and below (position-only attention, as ConViT starts its
+# heads local), so every vision token carries its neighbours' content from step 0; "maze": that, and
+# block 1's first two heads attend from every square to the agent's square and to the goal's, so
+# every vision token also carries what is around the agent and where both are. All of it is only a
+# starting point: every weight trains (docs/BENCHMARKS.md measures what each start changes).
+VisionInit = Literal["random", "neighbours", "maze"]
+NEIGHBOUR_OFFSETS = ((0, 1), (-1, 0), (0, -1), (1, 0))  # (row, column) steps: right, up, left, down
 # Whole images from 64x64 up to 512x512 (a 16x16-square maze at 32 px); larger ones are scaled down.
 MIN_PIXELS = 64 * 64
 MAX_PIXELS = 512 * 512
@@ -170,18 +179,187 @@ def build_config(tokenizer, size: TinySize = "small"):
     )
 
 
-def init_tiny(out: str | Path, size: TinySize = "small", seed: int = 0, overwrite: bool = False) -> Path:
-    """Write a randomly initialised tiny Qwen3-VL model directory to `out`."""
+def neighbour_attention_biases(model, offsets=NEIGHBOUR_OFFSETS, layer: int = 0, grid: int = 9, steps: int = 300,
+                               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Query and key biases that make head h of vision block `layer` attend to the patch at
+    `offsets[h]` (rows, columns) from every patch, through the model's own 2D rotary embedding.
+
+    With the query and key weights at zero, an attention score depends only on the two patches'
+    relative position, so the biases are fitted on a `grid` x `grid` image and hold for any size.
+    Returns (query biases, key biases) of shape (heads, head_dim) and the mean attention the fitted
+    heads give their target patch."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
+
+    vis = model.model.visual
+    attn = vis.blocks[layer].attn
+    if len(offsets) > attn.num_heads:
+        raise ValueError(f"{len(offsets)} neighbour heads asked of a vision block with {attn.num_heads} heads")
+    n = grid * grid
+    position_ids = get_vision_position_ids(torch.tensor([[1, grid, grid]]), vis.spatial_merge_size)
+    cos, sin = vis.rotary_pos_emb(torch.zeros(n, vis.config.hidden_size), position_ids)
+    targets = []
+    for dr, dc in offsets:
+        pairs = [(i, (i // grid + dr) * grid + i % grid + dc) for i in range(n)
+                 if 0 <= i // grid + dr < grid and 0 <= i % grid + dc < grid]
+        targets.append(torch.tensor(pairs))
+    gen = torch.Generator().manual_seed(seed)
+    bq = torch.randn(len(offsets), attn.head_dim, generator=gen).requires_grad_()
+    bk = torch.randn(len(offsets), attn.head_dim, generator=gen).requires_grad_()
+    opt = torch.optim.Adam([bq, bk], lr=0.05)
+    for _ in range(steps):
+        q, k = apply_rotary_pos_emb_vision(bq.expand(n, -1, -1), bk.expand(n, -1, -1), cos, sin)
+        logp = (torch.einsum("ihd,jhd->hij", q, k) * attn.scaling).log_softmax(-1)
+        fit = torch.stack([logp[h, t[:, 0], t[:, 1]].mean() for h, t in enumerate(targets)])
+        loss = -fit.mean() + 1e-4 * (bq.square().sum() + bk.square().sum())  # the penalty keeps them finite
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return bq.detach(), bk.detach(), float(fit.detach().exp().mean())
+
+
+def init_neighbour_heads(model, seed: int = 0) -> float:
+    """Start vision block 0 as a neighbour look-up (see VisionInit): its first heads' queries and keys
+    become the fitted position-only biases, and its value and output maps orthogonal, so a
+    neighbour's content arrives at full strength. Returns the fitted heads' mean target attention."""
+    attn = model.model.visual.blocks[0].attn
+    dim, hd = attn.dim, attn.head_dim
+    bq, bk, fit = neighbour_attention_biases(model, seed=seed)
+    with torch.no_grad():
+        for h in range(len(bq)):
+            for part, bias in ((0, bq[h]), (1, bk[h])):  # qkv rows: [queries | keys | values], head by head
+                rows = slice(part * dim + h * hd, part * dim + (h + 1) * hd)
+                attn.qkv.weight[rows] = 0.0
+                attn.qkv.bias[rows] = bias
+        torch.nn.init.orthogonal_(attn.qkv.weight[2 * dim:])
+        attn.qkv.bias[2 * dim:] = 0.0
+        torch.nn.init.orthogonal_(attn.proj.weight)
+        attn.proj.bias.zero_()
+    return fit
+
+
+def _marker_frames(processor_image, count: int, seed: int):
+    """Rendered frames of random 2x2-4x4 mazes with the agent on a random floor square, at tiny-base's
+    16 px squares, and for each frame the flat patch index of the agent and of the goal."""
+    import random
+
+    from ..mazes.render import RenderOptions, render_rgb
+    from ..mazes.sampling import sample_maze
+
+    rng = random.Random(seed)
+    frames, agents, goals = [], [], []
+    offset = 0
+    for i in range(count):
+        cells = rng.choice((2, 3, 4, 4))
+        maze = sample_maze("wilson", (cells, cells), 7_000_000 + seed * 10_000 + i)
+        h, w = maze.grid.shape
+        floor = [(r, c) for r in range(h) for c in range(w) if not maze.grid[r, c] and (r, c) != maze.goal]
+        agent = rng.choice(floor)
+        frames.append(render_rgb(maze.grid, agent, maze.goal, RenderOptions(square_px=16)))
+        agents.append(offset + agent[0] * w + agent[1])
+        goals.append(offset + maze.goal[0] * w + maze.goal[1])
+        offset += h * w
+    return frames, agents, goals
+
+
+def _block_input(model, image_processor, frames, layer: int) -> torch.Tensor:
+    """What vision block `layer` normalises and attends over, for `frames` (all patches, in order)."""
+    from ..rollout.engine import vision_inputs
+
+    vis = model.model.visual
+    captured = []
+    hook = vis.blocks[layer].register_forward_pre_hook(lambda m, args, kwargs: captured.append(args[0]), with_kwargs=True)
+    try:
+        inputs = vision_inputs(image_processor, frames)
+        with torch.no_grad():
+            vis(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+    finally:
+        hook.remove()
+    return vis.blocks[layer].norm1(captured[0]).detach()
+
+
+def _linear_detector(features: torch.Tensor, positive: torch.Tensor, steps: int = 400) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """A logistic-regression direction separating the `positive` rows; returns (weights, bias, margin):
+    the smallest positive score minus the largest negative one."""
+    w = torch.zeros(features.shape[1], requires_grad=True)
+    b = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.Adam([w, b], lr=0.05)
+    balance = (~positive).sum() / positive.sum()
+    for _ in range(steps):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(features @ w + b, positive.float(), pos_weight=balance)
+        loss = loss + 1e-3 * w.square().sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    score = (features @ w + b).detach()
+    return w.detach(), b.detach(), float(score[positive].min() - score[~positive].max())
+
+
+def init_finder_heads(model, image_processor, seed: int = 0, sharpness: float = 12.0) -> dict[str, float]:
+    """Block 1's heads 0 and 1 attend from every square to the agent's square and to the goal's.
+
+    Each key is a linear detector of its marker, fitted on block 1's inputs for rendered frames and
+    placed in the head's slowest rotary dimension (it barely turns over a maze's width), with a
+    constant query: the score depends on the key's content alone. `sharpness` is the score gap between
+    the marker and the best other square on the fitted frames. Returns each detector's margin."""
+    vis = model.model.visual
+    attn = vis.blocks[1].attn
+    dim, hd = attn.dim, attn.head_dim
+    frames, agents, goals = _marker_frames(image_processor, 96, seed)
+    features = _block_input(model, image_processor, frames, layer=1)
+    n = len(features)
+    # the slowest-turning rotary dimension: cos stays ~1 across any 64x64 grid of positions
+    position_ids = get_vision_position_ids(torch.tensor([[1, 64, 64]]), vis.spatial_merge_size)
+    cos, _ = vis.rotary_pos_emb(torch.zeros(64 * 64, vis.config.hidden_size), position_ids)
+    slow = int(cos[:, : hd // 2].min(0).values.argmax())
+    margins = {}
+    for h, (name, index) in enumerate((("agent", agents), ("goal", goals))):
+        positive = torch.zeros(n, dtype=torch.bool)
+        positive[index] = True
+        w, b, margin = _linear_detector(features, positive)
+        if margin <= 0:
+            raise RuntimeError(f"no linear detector separates the {name}'s square in vision block 1 (margin {margin:.2f})")
+        gain = sharpness / (margin * attn.scaling)
+        with torch.no_grad():
+            q_rows = slice(h * hd, (h + 1) * hd)
+            k_rows = slice(dim + h * hd, dim + (h + 1) * hd)
+            attn.qkv.weight[q_rows] = 0.0
+            attn.qkv.bias[q_rows] = 0.0
+            attn.qkv.bias[h * hd + slow] = 1.0
+            attn.qkv.weight[k_rows] = 0.0
+            attn.qkv.bias[k_rows] = 0.0
+            attn.qkv.weight[dim + h * hd + slow] = gain * w
+            attn.qkv.bias[dim + h * hd + slow] = gain * b
+        margins[name] = margin
+    with torch.no_grad():
+        torch.nn.init.orthogonal_(attn.qkv.weight[2 * dim:])
+        attn.qkv.bias[2 * dim:] = 0.0
+        torch.nn.init.orthogonal_(attn.proj.weight)
+        attn.proj.bias.zero_()
+    return margins
+
+
+def init_tiny(out: str | Path, size: TinySize = "small", seed: int = 0, overwrite: bool = False,
+              vision_init: VisionInit = "random") -> Path:
+    """Write a randomly initialised tiny Qwen3-VL model directory to `out` (`vision_init`: how its
+    first vision block starts)."""
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
     if size not in SIZES:
         raise ValueError(f"unknown tiny model size {size!r}: allowed {', '.join(SIZES)}")
     spec = SIZES[size]
+    if vision_init not in ("random", "neighbours", "maze"):
+        raise ValueError(f"unknown vision_init {vision_init!r}: allowed random, neighbours, maze")
+    if vision_init != "random" and (spec["patch"] != 16 or spec["merge"] != 1):
+        raise ValueError(f"vision_init {vision_init!r} needs one vision token per 16 px square (sizes base, deep), not {size!r}")
     tokenizer = build_tokenizer(spec["vocab"], whole_phrases=spec["whole_phrases"])
     processor = build_processor(tokenizer, spec["patch"], spec["merge"])
     config = build_config(tokenizer, size)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config)
+    if vision_init in ("neighbours", "maze"):
+        init_neighbour_heads(model, seed=seed)
+    if vision_init == "maze":
+        init_finder_heads(model, processor.image_processor, seed=seed)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.pad_token_id,

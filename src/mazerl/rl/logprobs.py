@@ -21,6 +21,7 @@ class TokenLogprobs:
     old_logprobs: torch.Tensor  # (T,) the sampler's log p of the same tokens
     sample_index: torch.Tensor  # (T,) which sample (row of the batch) each token came from
     argmax_correct: torch.Tensor  # (T,) bool: greedy decoding would produce this token
+    hidden: torch.Tensor | None = None  # (n, width, H) last hidden states, when asked for (auxiliary losses)
 
 
 def _backbone_and_head(model):
@@ -29,13 +30,16 @@ def _backbone_and_head(model):
 
 
 def token_logprobs(model, chat: ChatFormat, samples: list[PackedSample], sampling: SamplingParams,
-                   with_entropy: bool = True, allowed_ids: list[int] | tuple[int, ...] | None = None) -> TokenLogprobs:
+                   with_entropy: bool = True, allowed_ids: list[int] | tuple[int, ...] | None = None,
+                   return_hidden: bool = False) -> TokenLogprobs:
     """Run the model on `samples` (right-padded into one batch) and score their loss tokens.
 
     `sampling` must be what the tokens were sampled with (its temperature and banned tokens), so
     that on-policy ratios are 1.
     `allowed_ids`: the tokens the sampler could choose from at every loss position (the action
-    grammar's words); the distribution is renormalised over them, exactly as sampled."""
+    grammar's words); the distribution is renormalised over them, exactly as sampled.
+    `return_hidden`: also return the last hidden state of every position (for pretraining's
+    perception loss at the image tokens)."""
     device = next(model.parameters()).device
     width = max(len(s.ids) for s in samples)
     n = len(samples)
@@ -80,4 +84,4 @@ def token_logprobs(model, chat: ChatFormat, samples: list[PackedSample], samplin
         entropy = torch.zeros_like(logp).detach()
     correct = (logp_all.detach().argmax(-1) == targets)
     return TokenLogprobs(logprobs=logp, entropy=entropy, old_logprobs=old[rows, cols].to(device),
-                         sample_index=rows.to(device), argmax_correct=correct)
+                         sample_index=rows.to(device), argmax_correct=correct, hidden=hidden if return_hidden else None)

@@ -6,10 +6,12 @@ mazes, which GRPO then improves. Readable top to bottom:
     exclusions = every layout of the evaluation splits (default + smoke presets, VisGym reference)
     validation = 4x4 mazes outside the exclusions            # checkpoint choice, never the heldout set
     pool       = training-family mazes outside both          # recorded: pretraining_mazes.parquet
-    model      = tiny Qwen3-VL ("base" shape), random init
+    model      = tiny Qwen3-VL ("base" shape); vision tower started as a maze reader (vision_init "maze":
+                 heads that read the four neighbours, heads that find the agent and the goal), rest random
     for step in steps:
         turns = noisy-solver episodes on pool mazes           # random moves (into walls too) are seen, not learned
         loss  = cross-entropy of the solver's move            # over the five action words (the reply grammar)
+              + perception_weight x "which of the agent's neighbours are open" (4 bits, at the same position)
         every eval_every steps: greedy validation success -> snapshot
     shipped   = the last snapshot whose validation success is inside the target band
     measured  = its greedy success on 500 heldout mazes (Wilson interval), parse failures when sampling
@@ -40,7 +42,7 @@ from ..envs.agents import as_reply, oracle_action
 from ..envs.maze_env import EnvConfig, MazeTask
 from ..mazes.dataset_io import write_split
 from ..mazes.hashing import layout_hash, walls_hash
-from ..mazes.layout import MOVE_NAMES, Maze
+from ..mazes.layout import MOVE_NAMES, MOVES, Maze
 from ..mazes.render import RenderOptions
 from ..mazes.sampling import sample_maze
 from ..mazes.seeding import derive_seed
@@ -71,13 +73,20 @@ class PretrainConfig(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     size: Literal["small", "medium", "base", "deep"] = "base"
+    vision_init: Literal["random", "neighbours", "maze"] = Field(
+        "maze", description="how the vision tower starts (policy.tiny.VisionInit): random, neighbours, or maze "
+                              "(neighbour heads, and heads that find the agent and the goal)")
     seed: int = Field(0, ge=0, description="weights, pool, validation set and data order all derive from it")
     steps: int = Field(5000, ge=1, description="optimizer steps (the reproducible stopping rule)")
-    schedule_steps: int = Field(5000, ge=1, description="length of the learning-rate schedule (a run may stop earlier)")
+    schedule_steps: int = Field(3000, ge=1, description="length of the learning-rate schedule (a run may stop earlier)")
     minutes: float | None = Field(None, gt=0.0, description="also stop after this much training time")
     batch_turns: int = Field(64, ge=1, description="learned turns per optimizer step")
     turns_per_maze: int = Field(2, ge=1, description="turns taken from each teacher episode")
     noise: float = Field(0.25, ge=0.0, lt=1.0, description="chance a teacher turn is a random move (into walls too): seen, not learned")
+    perception_weight: float = Field(
+        1.0, ge=0.0, le=100.0,
+        description="weight of the perception loss: at the answer position, four otherwise unused tokens' logits "
+                    "classify which of the agent's neighbours are open (0: the move loss alone)")
     pool: list[PoolSize] = Field(
         default_factory=lambda: [PoolSize(cells=2, count=16, weight=0.1), PoolSize(cells=3, count=400, weight=0.3),
                                  PoolSize(cells=4, count=8000, weight=0.6)],
@@ -85,7 +94,7 @@ class PretrainConfig(BaseModel):
     )
     algorithm: str = Field("wilson", description="the training family's generator (VisGym's)")
     validation_mazes: int = Field(200, ge=1, description="4x4 mazes for choosing the snapshot (not evaluation mazes)")
-    eval_every: int = Field(250, ge=1, description="steps between validation runs (each one saves a snapshot)")
+    eval_every: int = Field(150, ge=1, description="steps between validation runs (each one saves a snapshot)")
     target_success: tuple[float, float] = Field(
         (0.25, 0.5), description="ship the last snapshot whose validation success lies in [low, high]")
     heldout_mazes: int = Field(500, ge=1, description="heldout mazes (default preset) measured for the provenance")
@@ -94,7 +103,7 @@ class PretrainConfig(BaseModel):
                                              render_scale=0.64, max_new_tokens=8, reply_grammar="action"),
         description="how the model sees mazes (saved with it as mazerl_policy.json)",
     )
-    optim: OptimConfig = OptimConfig(lr=2e-3, weight_decay=0.01, warmup_steps=100, schedule="cosine", min_lr_ratio=0.05)
+    optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.01, warmup_steps=100, schedule="cosine", min_lr_ratio=0.05)
     grpo_temperature: float = Field(1.0, gt=0.0, description="temperature whose parse-failure rate is measured")
 
     @model_validator(mode="after")
@@ -182,10 +191,11 @@ class Pretrainer:
         for p in cfg.pool:
             self.pool[p.cells] = draw_mazes(p.cells, p.count, cfg.algorithm, cfg.seed, "pool", excluded_walls, taken)
         log("pool: " + ", ".join(f"{c}x{c}: {len(m)}" for c, m in self.pool.items()) + f"; validation: {len(self.validation)}")
-        init_tiny(work / "init", size=cfg.size, seed=cfg.seed)
+        init_tiny(work / "init", size=cfg.size, seed=cfg.seed, vision_init=cfg.vision_init)
         self.view = cfg.view.model_copy(update={"model": str(work / "init")})
         self.tp = open_policy(self.view)
         self.model = self.tp.policy.model
+        self.perception_ids = perception_token_ids(self.tp.chat.tokenizer) if cfg.perception_weight > 0 else []
         self.render = RenderOptions(square_px=max(4, round(RenderOptions().square_px * self.view.render_scale)))
         self._tasks: dict[tuple[int, int], MazeTask] = {}
 
@@ -208,18 +218,26 @@ class Pretrainer:
             index = rng.randrange(len(self.pool[cells]))
             items.append(RolloutItem(self._task(cells, index), f"{cells}-{index}", VISGYM_MAX_TURNS))
 
+        seen: dict[int, list[list[float]]] = {}  # env -> its learned turns' open neighbours, in turn order
+
         def teacher(env):
+            learned = seen.setdefault(id(env), [])  # first asked in item order, whatever the first turn is
             if env.position != env.task.maze.goal and rng.random() < cfg.noise:
                 return as_reply(rng.choice(MOVE_NAMES)), False
+            learned.append(open_neighbours(env.task.maze.grid, env.position))
             return as_reply(oracle_action(env)), True
 
         trajs = rollout(None, self.tp.chat, items, teacher=teacher, env_config=EnvConfig(render=self.render),
                         history=self.view.history, sampling=self.tp.sampling())
-        batch = []
-        for tr in trajs:
+        batch, labels = [], []
+        for tr, env_labels in zip(trajs, seen.values()):  # envs are made, and first asked, in item order
             learned = [s for s in tr.samples() if s.n_loss_tokens]
-            batch += rng.sample(learned, min(cfg.turns_per_maze, len(learned)))
-        return batch[: cfg.batch_turns]
+            if len(learned) != len(env_labels):
+                raise RuntimeError("teacher turns and learned samples disagree (a history window that packs turns?)")
+            for k in sorted(rng.sample(range(len(learned)), min(cfg.turns_per_maze, len(learned)))):
+                batch.append(learned[k])
+                labels.append(env_labels[k])
+        return batch[: cfg.batch_turns], labels[: cfg.batch_turns]
 
     def validate(self, mazes: list[Maze], temperature: float = 0.0, seed: int = 0) -> dict:
         from ..evaluation.stats import wilson_interval
@@ -250,10 +268,15 @@ class Pretrainer:
         step = 0
         try:
             for step in range(1, cfg.steps + 1):
-                batch = self.teacher_batch(step)
+                batch, neighbours = self.teacher_batch(step)
                 tl = token_logprobs(self.model, self.tp.chat, batch, self.tp.sampling(temperature=1.0), with_entropy=False,
-                                    allowed_ids=self.tp.reply_choices)
+                                    allowed_ids=self.tp.reply_choices, return_hidden=cfg.perception_weight > 0)
                 loss = -tl.logprobs.mean()
+                perception = {}
+                if cfg.perception_weight > 0:
+                    p_loss, p_acc = perception_loss(self.model, tl.hidden, batch, neighbours, self.perception_ids)
+                    loss = loss + cfg.perception_weight * p_loss
+                    perception = {"perception_loss": p_loss.item(), "perception_accuracy": p_acc}
                 check_loss(loss, step, scheduler.get_last_lr()[0])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -261,7 +284,7 @@ class Pretrainer:
                 optimizer.step()
                 scheduler.step()
                 record = {"step": step, "loss": loss.item(), "move_accuracy": float(tl.argmax_correct.float().mean()),
-                          "lr": scheduler.get_last_lr()[0], "minutes": (time.perf_counter() - started) / 60}
+                          **perception, "lr": scheduler.get_last_lr()[0], "minutes": (time.perf_counter() - started) / 60}
                 out_of_time = cfg.minutes is not None and record["minutes"] >= cfg.minutes
                 if step % cfg.eval_every == 0 or step == cfg.steps or out_of_time:
                     val = self.validate(self.validation)
@@ -280,6 +303,41 @@ class Pretrainer:
         finally:
             metrics.close()
         return {"steps": step, "minutes": (time.perf_counter() - started) / 60, "snapshots": snapshots}
+
+
+def open_neighbours(grid, position) -> list[float]:
+    """1.0 for each move of MOVE_NAMES whose square next to `position` is open floor, else 0.0."""
+    r, c = position
+    return [0.0 if grid[r + dr, c + dc] else 1.0 for dr, dc in (MOVES[m] for m in MOVE_NAMES)]
+
+
+def perception_token_ids(tokenizer) -> list[int]:
+    """The tokens whose logits at the answer position say "is the square to the right/up/left/down
+    open?": the move words with a leading space, which the reply grammar never lets the model say."""
+    ids = [tokenizer.encode(f" {m}", add_special_tokens=False) for m in MOVE_NAMES]
+    if any(len(i) != 1 for i in ids):
+        raise ValueError("the perception loss needs ' right', ' up', ' left', ' down' as single tokens (a tiny tokenizer)")
+    return [i[0] for i in ids]
+
+
+def perception_loss(model, hidden, samples, labels, token_ids) -> tuple[torch.Tensor, float]:
+    """Binary cross-entropy of "is the agent's neighbour open?" from `token_ids`' logits at the
+    position that chooses the move, and the share of those bits right.
+
+    Why: the move loss alone gives one 5-way label per picture, and it only helps once the answer
+    position attends to the agent's square among ~80 image tokens; these four bits ask for exactly
+    what that square's token holds (with `vision_init: neighbours`), so the attention forms sooner
+    (measured in docs/BENCHMARKS.md)."""
+    from .logprobs import _backbone_and_head
+
+    _, head = _backbone_and_head(model)
+    device = hidden.device
+    rows = torch.arange(len(samples), device=device)
+    cols = torch.tensor([s.loss_mask.index(1) - 1 for s in samples], device=device)
+    logits = head(hidden[rows, cols])[:, list(token_ids)].float()
+    target = torch.tensor(labels, device=device)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
+    return loss, float(((logits > 0).float() == target).float().mean())
 
 
 def choose_snapshot(snapshots: list[dict], band: tuple[float, float]) -> tuple[dict, str]:
