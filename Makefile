@@ -59,9 +59,9 @@ demo: install
 	$(MAZERL) pipeline run --profile local --config default
 
 # Rebuild the shipped pretrained tiny model (src/mazerl/assets/tiny-base) from its seeds and the step count
-# its provenance.json records (steps_run; the first build stopped on its 70-minute cap): ~20 min on 2 idle cores.
+# its provenance.json records (steps_run: the build stopped on its 60-minute cap at step 1249): ~45 min on 2 idle cores.
 tiny-base: install
-	$(MAZERL) policy pretrain-tiny --out src/mazerl/assets/tiny-base --overwrite --steps 754
+	$(MAZERL) policy pretrain-tiny --out src/mazerl/assets/tiny-base --overwrite --steps 1249
 
 bench: install
 	$(PY) benchmarks/bench_mazes.py --json $(DEMO_OUT)/bench_mazes.json

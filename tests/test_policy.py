@@ -151,12 +151,12 @@ def test_every_tiny_size_loads_through_the_real_path_and_fits_a_shipped_base(tmp
         assert sum(p.numel() for p in model.parameters()) * 4 <= 20 * 2**20, size
 
 
-def _block0_output(model, image_processor, frame):
-    """Vision block 0's output per patch (raster order) for one frame, through the model's own forward."""
+def _block_output(model, image_processor, frame, layer: int = 0):
+    """Vision block `layer`'s output per patch (raster order) for one frame, through the model's own forward."""
     from mazerl.rollout.engine import vision_inputs
 
     captured = {}
-    hook = model.model.visual.blocks[0].register_forward_hook(lambda m, i, o: captured.setdefault("out", o))
+    hook = model.model.visual.blocks[layer].register_forward_hook(lambda m, i, o: captured.setdefault("out", o))
     try:
         inputs = vision_inputs(image_processor, [frame])
         model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
@@ -180,8 +180,8 @@ def test_neighbour_vision_init_makes_block0_read_the_four_adjacent_squares(tmp_p
     changed = frame.copy()
     changed[r * px:(r + 1) * px, c * px:(c + 1) * px] = (0, 0, 255) if grid[r, c] else (128, 128, 128)
     with torch.no_grad():
-        delta = (_block0_output(policy.model, policy.processor.image_processor, changed)
-                 - _block0_output(policy.model, policy.processor.image_processor, frame)).norm(dim=-1).reshape(9, 9)
+        delta = (_block_output(policy.model, policy.processor.image_processor, changed)
+                 - _block_output(policy.model, policy.processor.image_processor, frame)).norm(dim=-1).reshape(9, 9)
     neighbours = [delta[r + dr, c + dc].item() for dr, dc in ((0, 1), (-1, 0), (0, -1), (1, 0))]
     far = [delta[i, j].item() for i in range(9) for j in range(9) if abs(i - r) + abs(j - c) >= 2]
     if vision_init == "neighbours":
@@ -201,19 +201,6 @@ def test_neighbour_attention_biases_fit_each_direction(tmp_path):
         neighbour_attention_biases(policy.model, offsets=((0, 1),) * 5)
 
 
-def _block1_output(model, image_processor, frame):
-    from mazerl.rollout.engine import vision_inputs
-
-    captured = {}
-    hook = model.model.visual.blocks[1].register_forward_hook(lambda m, i, o: captured.setdefault("out", o))
-    try:
-        inputs = vision_inputs(image_processor, [frame])
-        model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
-    finally:
-        hook.remove()
-    return captured["out"]
-
-
 def test_maze_vision_init_tells_every_square_where_the_agent_is(tmp_path):
     """Move the agent from one corner of the maze to the other: with `maze`, block 1's output changes
     at squares far from both places (each square attends to the agent's square), many times more
@@ -230,8 +217,8 @@ def test_maze_vision_init_tells_every_square_where_the_agent_is(tmp_path):
         policy = load_policy(init_tiny(tmp_path / vision_init, size="base", vision_init=vision_init))
         ip = policy.processor.image_processor
         with torch.no_grad():
-            a = _block1_output(policy.model, ip, before).reshape(9, 9, -1)
-            b = _block1_output(policy.model, ip, after).reshape(9, 9, -1)
+            a = _block_output(policy.model, ip, before, layer=1).reshape(9, 9, -1)
+            b = _block_output(policy.model, ip, after, layer=1).reshape(9, 9, -1)
         change[vision_init] = sum(((b[r, c] - a[r, c]).norm() / a[r, c].norm()).item() for r, c in far) / len(far)
     assert change["maze"] > 5 * change["random"], change
     with pytest.raises(ValueError, match="one vision token per 16 px square"):

@@ -74,6 +74,19 @@ def test_pretrain_tiny_refuses_bad_input_and_writes_nothing(tmp_path):
     bad.write_text(yaml.safe_dump({**TINY_RUN, "stepz": 4}))
     r = runner.invoke(app, ["policy", "pretrain-tiny", "--out", str(tmp_path / "a"), "--config", str(bad)])
     assert r.exit_code == 2 and "stepz" in r.output and not (tmp_path / "a").exists()
+    full_history = tmp_path / "full.yaml"
+    full_history.write_text(yaml.safe_dump({**TINY_RUN, "view": {"model": "-", "history": {"turns": None}, "reply_grammar": "action"}}))
+    r = runner.invoke(app, ["policy", "pretrain-tiny", "--out", str(tmp_path / "a"), "--config", str(full_history)])
+    assert r.exit_code == 2 and "history window" in r.output and not (tmp_path / "a").exists()
+    for weight in ("-1", ".nan"):
+        wrong = tmp_path / "w.yaml"
+        wrong.write_text(f"perception_weight: {weight}\n")
+        r = runner.invoke(app, ["policy", "pretrain-tiny", "--out", str(tmp_path / "a"), "--config", str(wrong)])
+        assert r.exit_code == 2 and "perception_weight" in r.output and not (tmp_path / "a").exists()
+    unknown_init = tmp_path / "vi.yaml"
+    unknown_init.write_text("vision_init: clever\n")
+    r = runner.invoke(app, ["policy", "pretrain-tiny", "--out", str(tmp_path / "a"), "--config", str(unknown_init)])
+    assert r.exit_code == 2 and "vision_init" in r.output and "maze" in r.output
     for flag, value in (("--minutes", "0"), ("--minutes", "-3"), ("--steps", "0")):
         r = runner.invoke(app, ["policy", "pretrain-tiny", "--out", str(tmp_path / "b"), flag, value])
         assert r.exit_code == 2 and flag in r.output and not (tmp_path / "b").exists()

@@ -113,6 +113,9 @@ class PretrainConfig(BaseModel):
             raise ValueError(f"target_success must be [low, high] with 0 <= low <= high <= 1, got {list(self.target_success)}")
         if self.view.reply_grammar != "action":
             raise ValueError("view.reply_grammar must be 'action': pretraining learns the five action words")
+        if self.perception_weight > 0 and self.view.history.turns is None:
+            raise ValueError("perception_weight > 0 needs a history window (view.history.turns set): with the whole "
+                             "history every turn shares one sequence, and the perception loss reads one answer per sample")
         return self
 
 
