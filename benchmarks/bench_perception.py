@@ -94,22 +94,13 @@ def main() -> None:
 
 def greedy_words(tp, samples) -> list[int]:
     """Index (into the reply grammar's words) of each sample's greedy move at its answer position."""
-    from mazerl.rl.logprobs import _backbone_and_head
-    from mazerl.rollout.engine import vision_inputs
+    from mazerl.rl.logprobs import _backbone_and_head, token_logprobs
 
-    chat = tp.chat
-    width = max(len(s.ids) for s in samples)
-    ids = torch.full((len(samples), width), chat.pad_id)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(samples):
-        ids[i, :len(s.ids)] = torch.tensor(s.ids)
-        mask[i, :len(s.ids)] = 1
-    inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == chat.image_pad).long(),
-              **vision_inputs(chat.image_processor, [im for s in samples for im in s.images])}
-    backbone, head = _backbone_and_head(tp.policy.model)
-    hidden = backbone(**inputs).last_hidden_state
+    tl = token_logprobs(tp.policy.model, tp.chat, samples, tp.sampling(temperature=1.0), with_entropy=False,
+                        allowed_ids=tp.reply_choices, return_hidden=True)
+    _, head = _backbone_and_head(tp.policy.model)
     answer = torch.tensor([s.loss_mask.index(1) - 1 for s in samples])
-    logits = head(hidden[torch.arange(len(samples)), answer])[:, list(tp.reply_choices)]
+    logits = head(tl.hidden[torch.arange(len(samples)), answer])[:, list(tp.reply_choices)]
     return logits.argmax(-1).tolist()
 
 
