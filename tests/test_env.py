@@ -3,7 +3,7 @@ import pytest
 
 from mazerl.envs.actions import parse_action
 from mazerl.envs.maze_env import FEEDBACK_INVALID, FEEDBACK_OK, FEEDBACK_WALL, EnvConfig, MazeEnv, MazeEnvBatch, MazeTask
-from mazerl.mazes.layout import Maze
+from mazerl.mazes.layout import MOVES, Maze
 from mazerl.mazes.render import render_rgb
 from mazerl.mazes.sampling import sample_maze
 from mazerl.mazes.solver import solve
@@ -89,6 +89,32 @@ def test_premature_stop_and_timeout():
     results = [env.step(act("right")) for _ in range(3)]
     assert [r.done for r in results] == [False, False, True]
     assert env.stats.timeout and not env.stats.premature_stop and not env.stats.success
+
+
+def test_an_episode_ends_once_the_goal_is_out_of_reach_only_when_asked():
+    m = sample_maze("wilson", (4, 4), 3)
+    route = solve(m.grid, m.start, m.goal)
+    budget = len(route) + 2  # the route, `stop`, one turn to spare
+    wall = next(name for name, (dr, dc) in MOVES.items() if m.grid[m.start[0] + dr, m.start[1] + dc])
+
+    def play(moves, **cfg):
+        env = MazeEnv(m, EnvConfig(max_turns=budget, **cfg))
+        env.reset()
+        done = [env.step(act(mv)).done for mv in moves]
+        return env, done
+
+    # one bump uses the spare turn: the goal is still in reach (route + stop fit exactly)
+    env, done = play([wall, *route, "stop"], end_when_out_of_reach=True)
+    assert env.stats.success and done == [False] * (len(route) + 1) + [True]
+    # a second bump puts it out of reach: the episode ends there, a timeout, not a success
+    env, done = play([wall, wall], end_when_out_of_reach=True)
+    assert done == [False, True] and env.stats.timeout and not env.stats.success and env.stats.turns == 2
+    # off by default: the same two bumps leave the episode running
+    env, done = play([wall, wall])
+    assert done == [False, False] and not env.done
+    # when arrival ends the episode, `stop` is not needed: two bumps still leave it in reach
+    env, done = play([wall, wall], end_when_out_of_reach=True, terminate_on_goal=True)
+    assert done == [False, False]
 
 
 def test_loop_by_oscillation_and_by_triple_visit():

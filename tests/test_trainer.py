@@ -316,3 +316,37 @@ def test_a_lora_run_killed_and_resumed_matches_an_uninterrupted_one(warm_model, 
     other = AutoModelForImageTextToText.from_pretrained(init_tiny(tmp_path / "other", size="deep"))
     with pytest.raises(CheckpointMismatchError, match=r"is from another model \(shapes differ\): lm_head.weight"):
         load_model_weights(other, tmp_path / "c" / "checkpoints" / "step-00000001")
+
+
+def test_skipping_zero_advantage_turns_keeps_the_gradient_and_trains_fewer_turns(small_mazes, tmp_path):
+    """With per-state credit most turns (corridors every episode walked alike) have advantage 0:
+    skipping them leaves the policy gradient's direction exactly as it was (token-mean: scaled by
+    all loss tokens / the kept ones) and drops exactly the turns without signal."""
+    cfg = grpo_config("tiny-base", small_mazes / "train.parquet", tmp_path / "z", policy={"model": "tiny-base"},
+                      steps=1, mazes_per_step=4, micro_batch=256, temperature=1.0, episode_advantage_weight=0.0,
+                      turn_advantage_weight=1.0, turn_baseline="state", turn_gamma=0.0, optim={"lr": 1e-30, "max_grad_norm": 1e9},
+                      env={"progress_reward": 0.1, "wall_bump_penalty": 0.05})
+    trainer = GRPOTrainer(cfg)
+    trajs = trainer.collect()
+
+    def gradient(skip: bool):
+        trainer.cfg = cfg.model_copy(update={"skip_zero_advantage_turns": skip})
+        [batch], stats = trainer.mini_batches(trajs)
+        trainer.worker.train_step(batch, trainer.tp.sampling(temperature=1.0), 1)
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        return batch, stats, grad
+
+    full, full_stats, g_full = gradient(False)
+    kept, kept_stats, g_kept = gradient(True)
+    zero = [torch.all(a == 0).item() for a in full.token_advantages]
+    assert 0 < sum(zero) < len(zero)  # the check means something: some turns carry signal, some do not
+    assert kept_stats["trained_turns"] == len(zero) - sum(zero) == len(kept.samples)
+    assert all(bool(torch.any(a != 0)) for a in kept.token_advantages)
+    scaled = g_full * (full.tokens / kept.tokens)
+    cosine = float(torch.nn.functional.cosine_similarity(g_kept, scaled, dim=0))
+    assert cosine > 0.9999 and float(g_kept.norm() / scaled.norm()) == pytest.approx(1.0, rel=1e-3), cosine
+
+
+def test_skipping_zero_advantage_turns_is_refused_with_a_kl_term(tmp_path):
+    with pytest.raises(ValueError, match="kl_coef"):
+        grpo_config("m", "t.parquet", tmp_path, kl_coef=0.01, skip_zero_advantage_turns=True)

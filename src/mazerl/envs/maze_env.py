@@ -40,6 +40,11 @@ class EnvConfig(BaseModel):
         "dense, and it leaves the optimal policy unchanged",
     )
     terminate_on_goal: bool = Field(False, description="end the episode (success) on arrival at the goal")
+    end_when_out_of_reach: bool = Field(
+        False,
+        description="training only: end the episode (as a timeout) as soon as the goal can no longer be reached, "
+        "and stopped on, within the turns left; what it would still do cannot change its outcome, so rollouts skip it",
+    )
     render: RenderOptions = VISGYM_RENDER
 
 
@@ -170,10 +175,17 @@ class MazeEnv:
         if turns >= cfg.max_turns and not self.done:
             self.done = True
             tracker.finish(timed_out=True)
+        elif not self.done and cfg.end_when_out_of_reach and turns + self._turns_to_finish(after) > cfg.max_turns:
+            self.done = True
+            tracker.finish(timed_out=True)
         elif self.done:
             tracker.finish(timed_out=False)
         info = {"action": action, "bumped": bumped, "turn": turns, "parse_ok": action is not None}
         return StepResult(self._observation(feedback), reward, self.done, info)
+
+    def _turns_to_finish(self, position: Position) -> int:
+        """Fewest turns from `position` to a success: the moves to the goal, plus `stop` unless arrival ends it."""
+        return int(self.task.to_goal[position]) + (0 if self.config.terminate_on_goal else 1)
 
     def render(self) -> np.ndarray:
         """A copy of the current frame."""

@@ -42,6 +42,7 @@ def greedy_success(tp: TrainablePolicy, cfg: PolicyConfig, split_path: str, n_ma
     """Quick greedy evaluation on the first `n_mazes` of a split (the full evaluation is `mazerl eval`)."""
     df = read_split(split_path)
     items = items_from_split(df, range(min(n_mazes, len(df))), cfg.render_scale)
+    env = env.model_copy(update={"end_when_out_of_reach": False})  # play every turn, as `mazerl eval` does
     t0 = time.perf_counter()
     trajs = rollout(
         tp.engine, tp.chat, items, group_size=1,

@@ -67,6 +67,10 @@ class GRPOConfig(BaseModel):
         None, ge=1, description="train on at most this many of each episode's training sequences, drawn at random "
         "(seeded): every turn of an episode shares its advantage, so a sample keeps the gradient unbiased at a fraction "
         "of the update's cost (None: all)")
+    skip_zero_advantage_turns: bool = Field(
+        False, description="train only on turns whose advantage is not 0 (e.g. a state where every move of the group "
+        "was the same, with turn_baseline 'state'): the same policy gradient at less cost; refused with kl_coef > 0, "
+        "whose term those turns still carry")
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     clip_low: float = Field(0.2, ge=0.0)
@@ -135,6 +139,9 @@ class GRPOConfig(BaseModel):
             raise ValueError("distributed.ranks and rollout_workers > 1 need distributed.backend: ray")
         if self.episode_advantage_weight == 0 and self.turn_advantage_weight == 0:
             raise ValueError("episode_advantage_weight and turn_advantage_weight are both 0: no move would get any credit")
+        if self.skip_zero_advantage_turns and self.kl_coef > 0:
+            raise ValueError(f"skip_zero_advantage_turns with kl_coef = {self.kl_coef}: the KL term has a gradient on "
+                             "every turn, so none may be skipped; set kl_coef: 0 or skip_zero_advantage_turns: false")
         if self.mini_batch_mazes is not None and self.mazes_per_step % self.mini_batch_mazes:
             raise ValueError(
                 f"mazes_per_step ({self.mazes_per_step}) must be divisible by mini_batch_mazes ({self.mini_batch_mazes})"

@@ -66,10 +66,13 @@ class GRPODriver:
     cfg: GRPOConfig
     step: int
 
-    def _update_samples(self, traj: Trajectory, index: int):
-        """The episode's training sequences with loss tokens; a seeded random subset of at most
-        `update_turns_per_episode` of them when that is set."""
+    def _update_samples(self, traj: Trajectory, index: int, advantages: list[float]):
+        """The episode's training sequences with loss tokens (with `skip_zero_advantage_turns`, only
+        those of turns whose advantage is not 0: without a KL term they add nothing to the gradient);
+        a seeded random subset of at most `update_turns_per_episode` of them when that is set."""
         samples = [s for s in traj.samples() if s.n_loss_tokens]
+        if self.cfg.skip_zero_advantage_turns:
+            samples = [s for s in samples if any(advantages[t - 1] != 0.0 for t, m in zip(s.token_turns, s.loss_mask) if m)]
         k = self.cfg.update_turns_per_episode
         if k is None or len(samples) <= k:
             return samples
@@ -124,7 +127,7 @@ class GRPODriver:
         batches = []
         for first_group in range(0, cfg.mazes_per_step, mini):
             members = [i for i in keep if first_group <= trajs[i].group < first_group + mini]
-            pairs = [(s, i) for i in members for s in self._update_samples(trajs[i], i)]
+            pairs = [(s, i) for i in members for s in self._update_samples(trajs[i], i, per_turn[i])]
             seq_len = torch.zeros(len(trajs), dtype=torch.long)
             for smp, i in pairs:
                 seq_len[i] += smp.n_loss_tokens
@@ -133,4 +136,5 @@ class GRPODriver:
                                       dtype=torch.float32) for smp, i in pairs]
             batches.append(MiniBatch(samples=[smp for smp, _ in pairs], episode=[i for _, i in pairs], token_advantages=token_adv,
                                      tokens=sum(smp.n_loss_tokens for smp, _ in pairs), episodes=len(members), episode_tokens=seq_len))
+        stats["trained_turns"] = sum(len(b.samples) for b in batches)
         return batches, stats
