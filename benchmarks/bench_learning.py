@@ -29,12 +29,23 @@ from mazerl.rl.trainer import GRPOTrainer
 from mazerl.rollout.multiturn import items_from_split, rollout
 
 
-def greedy_successes(policy: PolicyConfig, split: Path, n: int) -> list[bool]:
+def greedy_play(policy: PolicyConfig, split: Path, n: int) -> tuple[list[bool], dict]:
+    """Greedy success per maze, and what is reported beside it (parse failures, bumps, loops, stops, steps)."""
     tp = open_policy(policy)
     df = read_split(split)
     items = items_from_split(df, range(min(n, len(df))), policy.render_scale)
     trajs = rollout(tp.engine, tp.chat, items, sampling=tp.sampling(temperature=0.0), history=policy.history)
-    return [bool(t.stats.success) for t in trajs]
+    stats = [t.stats for t in trajs]
+    turns = max(1, sum(s.turns for s in stats))
+    wins = [s for s in stats if s.success]
+    side = {
+        "parse_failures_per_turn": sum(s.parse_failures for s in stats) / turns,
+        "wall_bumps_per_turn": sum(s.wall_bumps for s in stats) / turns,
+        "loop_rate": sum(s.loop for s in stats) / len(stats),
+        "premature_stop_rate": sum(s.premature_stop for s in stats) / len(stats),
+        "steps_over_optimal_of_successes": sum(s.moves / s.optimal_moves for s in wins) / len(wins) if wins else None,
+    }
+    return [bool(s.success) for s in stats], side
 
 
 def check_unseen(mazes: Path, model: str) -> dict:
@@ -103,18 +114,19 @@ def main() -> None:
     })
     unseen = check_unseen(mazes, cfg.policy.model)
     heldout = mazes / "heldout.parquet"
-    base = greedy_successes(cfg.policy, heldout, args.eval_mazes)
+    base, base_side = greedy_play(cfg.policy, heldout, args.eval_mazes)
     print(f"base: {sum(base)}/{len(base)} greedy successes", flush=True)
 
     t0 = time.perf_counter()
     last = GRPOTrainer(cfg, on_step=lambda s, r: print(
         f"step {s}: reward {r['reward_mean']:.3f} success {r['success_rate']:.3f} train {r['time/training_total'] / 60:.1f} min"
-        + (f"  heldout {r['eval/success']:.3f}" if "eval/success" in r else ""), flush=True,
+        + (f"  heldout {r['eval/success']:.3f} (premature stops {r['eval/premature_stop_rate']:.3f})"
+           if "eval/success" in r else ""), flush=True,
     )).run(resume="never")
     wall = time.perf_counter() - t0
 
     final_policy = cfg.policy.model_copy(update={"model": str(args.out / "grpo" / "final")})
-    new = greedy_successes(final_policy, heldout, args.eval_mazes)
+    new, new_side = greedy_play(final_policy, heldout, args.eval_mazes)
     cmp = paired_comparison(base, new)
     curve = [{"training_minutes": 0.0, "step": 0, "success": sum(base) / len(base), "mazes": len(base),
               "wilson95": list(wilson_interval(sum(base), len(base)))}]
@@ -122,14 +134,16 @@ def main() -> None:
         if "eval/success" in r and r["step"] > 0:
             k = round(r["eval/success"] * r["eval/mazes"])
             curve.append({"training_minutes": r.get("eval/training_minutes", 0.0), "step": r["step"], "success": r["eval/success"],
-                          "mazes": r["eval/mazes"], "wilson95": list(wilson_interval(k, r["eval/mazes"]))})
+                          "mazes": r["eval/mazes"], "wilson95": list(wilson_interval(k, r["eval/mazes"])),
+                          "loop_rate": r.get("eval/loop_rate"), "premature_stop_rate": r.get("eval/premature_stop_rate")})
     curve.append({"training_minutes": last.get("time/training_total", 0) / 60, "step": last.get("step"),
                   "success": sum(new) / len(new), "mazes": len(new), "wilson95": list(wilson_interval(sum(new), len(new)))})
     plot(curve, sum(base) / len(base), args.png)
     result = {
         "eval_mazes": len(base), "unseen_check": unseen,
-        "base": {"model": cfg.policy.model, "success": sum(base), "rate": cmp.base_rate, "wilson95": wilson_interval(sum(base), len(base))},
-        "grpo": {"success": sum(new), "rate": cmp.new_rate, "wilson95": wilson_interval(sum(new), len(new))},
+        "base": {"model": cfg.policy.model, "success": sum(base), "rate": cmp.base_rate, "wilson95": wilson_interval(sum(base), len(base)),
+                 **base_side},
+        "grpo": {"success": sum(new), "rate": cmp.new_rate, "wilson95": wilson_interval(sum(new), len(new)), **new_side},
         "difference": {"points": 100 * cmp.diff, "ci95_points": [100 * cmp.diff_low, 100 * cmp.diff_high],
                        "mcnemar_p": cmp.p_value, "only_base": cmp.only_base, "only_grpo": cmp.only_new},
         "grpo_steps": last.get("step"), "grpo_training_minutes": last.get("time/training_total", 0) / 60,

@@ -92,8 +92,8 @@ def main() -> None:
             json.dump(result, f, indent=2)
 
 
-def greedy_words(tp, samples) -> list[int]:
-    """Index (into the reply grammar's words) of each sample's greedy move at its answer position."""
+def word_probabilities(tp, samples) -> torch.Tensor:
+    """(samples, words): each sample's distribution over the reply grammar's words at its answer position (T = 1)."""
     from mazerl.rl.logprobs import _backbone_and_head, token_logprobs
 
     tl = token_logprobs(tp.policy.model, tp.chat, samples, tp.sampling(temperature=1.0), with_entropy=False,
@@ -101,7 +101,12 @@ def greedy_words(tp, samples) -> list[int]:
     _, head = _backbone_and_head(tp.policy.model)
     answer = torch.tensor([s.loss_mask.index(1) - 1 for s in samples])
     logits = head(tl.hidden[torch.arange(len(samples)), answer])[:, list(tp.reply_choices)]
-    return logits.argmax(-1).tolist()
+    return torch.softmax(logits.float(), dim=-1)
+
+
+def greedy_words(tp, samples) -> list[int]:
+    """Index (into the reply grammar's words) of each sample's greedy move at its answer position."""
+    return word_probabilities(tp, samples).argmax(-1).tolist()
 
 
 if __name__ == "__main__":

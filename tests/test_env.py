@@ -161,6 +161,18 @@ def test_shaping_terms_are_off_by_default_and_applied_when_set():
     assert env.done and env.stats.success and not env.stats.stopped
 
 
+def test_stop_off_goal_penalty_applies_only_off_the_goal():
+    cfg = EnvConfig(progress_reward=0.1, stop_off_goal_penalty=0.2, max_turns=30)
+    env = MazeEnv(HAND_MAZE, cfg)
+    env.reset()
+    assert env.step(act("stop")).reward == pytest.approx(-0.2)  # a lost episode, worse than a step away
+    assert env.done and env.stats.premature_stop
+    env = MazeEnv(HAND_MAZE, cfg)
+    env.reset()
+    total = sum(env.step(act(m)).reward for m in solve(HAND, (1, 1), (5, 5)) + ["stop"])
+    assert total == pytest.approx(1.0 + 0.1 * 8) and env.stats.success  # on the goal: no penalty
+
+
 def test_progress_reward_is_potential_based():
     env = MazeEnv(HAND_MAZE, EnvConfig(progress_reward=0.1, max_turns=30))
     env.reset()

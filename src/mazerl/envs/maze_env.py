@@ -33,6 +33,11 @@ class EnvConfig(BaseModel):
     max_turns: int = Field(18, ge=1, le=10_000, description="turn budget; the reference run used 18")
     step_penalty: float = Field(0.0, ge=0.0, description="subtracted every turn")
     wall_bump_penalty: float = Field(0.0, ge=0.0, description="subtracted when a move hits a wall")
+    stop_off_goal_penalty: float = Field(
+        0.0, ge=0.0,
+        description="subtracted when `stop` is said off the goal: such a stop always loses, and with per-move "
+        "credit it would otherwise outrank a step away from the goal, which need not",
+    )
     format_bonus: float = Field(0.0, ge=0.0, description="added for every reply with a valid action")
     progress_reward: float = Field(
         0.0, ge=0.0,
@@ -168,6 +173,8 @@ class MazeEnv:
             self.done = True
             if after == self._goal:
                 reward += 1.0
+            else:
+                reward -= cfg.stop_off_goal_penalty
         elif reached:
             self.done = True
             tracker.mark_goal_reached_success()

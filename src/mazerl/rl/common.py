@@ -55,6 +55,8 @@ def greedy_success(tp: TrainablePolicy, cfg: PolicyConfig, split_path: str, n_ma
         "eval/turns": sum(t.stats.turns for t in trajs) / n,
         "eval/loop_rate": sum(t.stats.loop for t in trajs) / n,
         "eval/parse_failure_rate": sum(t.stats.parse_failures for t in trajs) / max(1, sum(t.stats.turns for t in trajs)),
+        "eval/wall_bumps_per_turn": sum(t.stats.wall_bumps for t in trajs) / max(1, sum(t.stats.turns for t in trajs)),
+        "eval/premature_stop_rate": sum(t.stats.premature_stop for t in trajs) / n,
         "eval/mazes": n,
         "eval/seconds": time.perf_counter() - t0,
     }
