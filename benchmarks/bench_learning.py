@@ -25,6 +25,7 @@ from mazerl.policy.trainable import open_policy
 from mazerl.policy.config import PolicyConfig
 from mazerl.rl.config import GRPOConfig
 from mazerl.metrics import read_metrics
+from mazerl.rl.driver import episode_metrics
 from mazerl.rl.trainer import GRPOTrainer
 from mazerl.rollout.multiturn import items_from_split, rollout
 
@@ -35,17 +36,10 @@ def greedy_play(policy: PolicyConfig, split: Path, n: int) -> tuple[list[bool], 
     df = read_split(split)
     items = items_from_split(df, range(min(n, len(df))), policy.render_scale)
     trajs = rollout(tp.engine, tp.chat, items, sampling=tp.sampling(temperature=0.0), history=policy.history)
-    stats = [t.stats for t in trajs]
-    turns = max(1, sum(s.turns for s in stats))
-    wins = [s for s in stats if s.success]
-    side = {
-        "parse_failures_per_turn": sum(s.parse_failures for s in stats) / turns,
-        "wall_bumps_per_turn": sum(s.wall_bumps for s in stats) / turns,
-        "loop_rate": sum(s.loop for s in stats) / len(stats),
-        "premature_stop_rate": sum(s.premature_stop for s in stats) / len(stats),
-        "steps_over_optimal_of_successes": sum(s.moves / s.optimal_moves for s in wins) / len(wins) if wins else None,
-    }
-    return [bool(s.success) for s in stats], side
+    side = {k: v for k, v in episode_metrics(trajs).items() if k not in ("reward_mean", "success_rate")}
+    wins = [t.stats for t in trajs if t.stats.success]
+    side["steps_over_optimal_of_successes"] = sum(s.moves / s.optimal_moves for s in wins) / len(wins) if wins else None
+    return [bool(t.stats.success) for t in trajs], side
 
 
 def check_unseen(mazes: Path, model: str) -> dict:

@@ -13,6 +13,7 @@ from ..mazes.dataset_io import read_split
 from ..policy.config import PolicyConfig
 from ..policy.trainable import TrainablePolicy
 from ..rollout.multiturn import items_from_split, rollout
+from .driver import episode_metrics
 
 
 def seed_everything(seed: int) -> None:
@@ -49,14 +50,8 @@ def greedy_success(tp: TrainablePolicy, cfg: PolicyConfig, split_path: str, n_ma
         sampling=tp.sampling(temperature=0.0),
         env_config=env, history=cfg.history,
     )
-    n = len(trajs)
-    return {
-        "eval/success": sum(t.stats.success for t in trajs) / n,
-        "eval/turns": sum(t.stats.turns for t in trajs) / n,
-        "eval/loop_rate": sum(t.stats.loop for t in trajs) / n,
-        "eval/parse_failure_rate": sum(t.stats.parse_failures for t in trajs) / max(1, sum(t.stats.turns for t in trajs)),
-        "eval/wall_bumps_per_turn": sum(t.stats.wall_bumps for t in trajs) / max(1, sum(t.stats.turns for t in trajs)),
-        "eval/premature_stop_rate": sum(t.stats.premature_stop for t in trajs) / n,
-        "eval/mazes": n,
-        "eval/seconds": time.perf_counter() - t0,
-    }
+    seconds = time.perf_counter() - t0
+    played = episode_metrics(trajs)
+    played.pop("reward_mean")  # the shaped reward: success is what evaluation reports
+    return {"eval/success": played.pop("success_rate"), **{f"eval/{k}": v for k, v in played.items()},
+            "eval/mazes": len(trajs), "eval/seconds": seconds}
