@@ -350,3 +350,65 @@ def test_skipping_zero_advantage_turns_keeps_the_gradient_and_trains_fewer_turns
 def test_skipping_zero_advantage_turns_is_refused_with_a_kl_term(tmp_path):
     with pytest.raises(ValueError, match="kl_coef"):
         grpo_config("m", "t.parquet", tmp_path, kl_coef=0.01, skip_zero_advantage_turns=True)
+
+
+def test_autocast_runs_rollouts_and_updates_in_bf16_over_float32_weights(small_mazes, tmp_path):
+    """autocast bfloat16: the engine's and the update's matrix products run in bf16, the weights and
+    their gradients stay float32, the sampled log-probabilities stay close to float32's (so the
+    update's ratio starts near 1), and the periodic greedy evaluation is float32 as before."""
+    from mazerl.rl.common import greedy_success
+
+    cfg = grpo_config("tiny-base", small_mazes / "train.parquet", tmp_path / "bf16", policy={"model": "tiny-base"},
+                      steps=1, mazes_per_step=2, micro_batch=64, autocast="bfloat16", optim={"lr": 1e-3},
+                      episode_advantage_weight=0.0, turn_advantage_weight=1.0, turn_baseline="group", turn_gamma=0.0,
+                      env={"progress_reward": 0.1, "wall_bump_penalty": 0.05})
+    trainer = GRPOTrainer(cfg)
+    seen: list[torch.dtype] = []
+    trainer.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+
+    trajs = trainer.collect()
+    assert seen and set(seen) == {torch.bfloat16}
+    seen.clear()
+    [batch], _ = trainer.mini_batches(trajs)
+    sampled = torch.tensor([lp for s in batch.samples for lp, m in zip(s.old_logprobs, s.loss_mask) if m])
+    trainer.worker.rescore_old_logprobs([batch], trainer.tp.sampling(temperature=cfg.temperature))
+    assert set(seen) == {torch.bfloat16}  # the rescoring runs as the update will
+    bf16_scores = torch.tensor([lp for s in batch.samples for lp, m in zip(s.old_logprobs, s.loss_mask) if m])
+    from mazerl.rl.logprobs import token_logprobs
+
+    with torch.no_grad():
+        fp32_scores = token_logprobs(trainer.model, trainer.chat, batch.samples, trainer.tp.sampling(temperature=1.0),
+                                     False, trainer.tp.reply_choices).logprobs
+    assert torch.allclose(sampled, bf16_scores, atol=0.05)  # engine and trainer agree, both in bf16
+    gap = (sampled - fp32_scores).abs()
+    assert 0 < float(gap.median()) < 0.01 and float(gap.max()) < 0.2  # bf16 differs from float32, by little
+
+    before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    seen.clear()
+    stats = trainer.update(trajs)
+    assert set(seen) == {torch.bfloat16}
+    assert stats["grad_norm"] > 0 and stats["clip_fraction"] < 0.05
+    after = trainer.model.state_dict()
+    assert all(v.dtype == torch.float32 for v in after.values() if v.is_floating_point())
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in trainer.model.parameters())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    seen.clear()
+    greedy_success(trainer.tp, cfg.policy, str(small_mazes / "train.parquet"), 2, cfg.env)
+    assert set(seen) == {torch.float32}
+
+
+def test_autocast_is_refused_over_weights_that_are_not_float32(tmp_path):
+    with pytest.raises(ValueError, match="policy.dtype"):
+        grpo_config("m", "t.parquet", tmp_path, autocast="bfloat16", policy={"model": "m", "dtype": "bfloat16"})
+
+
+def test_a_cpu_without_bf16_instructions_is_recognised():
+    from mazerl.rl.precision import cpu_lacks_bf16
+
+    x86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n"
+    assert cpu_lacks_bf16(x86.format(extra=""))
+    assert not cpu_lacks_bf16(x86.format(extra="avx512_bf16"))
+    assert not cpu_lacks_bf16(x86.format(extra="amx_bf16 amx_tile"))
+    assert not cpu_lacks_bf16("processor\t: 0\nFeatures\t: fp asimd bf16\n")  # ARM: not judged
+    assert not cpu_lacks_bf16("")

@@ -27,6 +27,7 @@ from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
 from ..storage import CheckpointMirror
 from ..rl.checkpoint import CheckpointManager
+from ..rl.precision import mixed_precision
 from ..rl.config import GRPOConfig
 from ..rl.data import MazeSampler
 from ..rl.driver import GRPODriver, episode_metrics, update_stats
@@ -219,8 +220,9 @@ class RolloutWorker:
         t0 = time.perf_counter()
         items = items_from_split(self.train_df, rows, self.cfg.policy.render_scale, self.cfg.max_turns)
         sampling = self.tp.sampling(temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
-        trajs = rollout(self.tp.engine, self.tp.chat, items, group_size=self.cfg.group_size, sampling=sampling,
-                        env_config=self.cfg.env, history=self.cfg.policy.history)
+        with mixed_precision(self.cfg.autocast, self.tp.config.device):
+            trajs = rollout(self.tp.engine, self.tp.chat, items, group_size=self.cfg.group_size, sampling=sampling,
+                            env_config=self.cfg.env, history=self.cfg.policy.history)
         for t in trajs:
             t.group += first_group  # groups are numbered across all workers' slices
         return trajs, time.perf_counter() - t0

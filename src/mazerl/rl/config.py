@@ -97,6 +97,12 @@ class GRPOConfig(BaseModel):
                                  "every trajectory from the latest weights; > 0 allows asynchronous rollouts)")
     recompute_old_logprobs: bool = Field(False, description="score the sampled tokens with the trainer's model before the "
                                          "update instead of using the engine's log-probabilities (an engine's differ slightly)")
+    autocast: Literal["off", "bfloat16"] = Field(
+        "off", description="run rollouts and the update's forward and backward passes under torch.autocast in this "
+        "dtype (mixed precision: weights, gradients and optimizer state stay in policy.dtype, float32; periodic "
+        "evaluation stays in float32). The tiny model on a CPU with bf16 instructions: ~1.7x faster steps. The "
+        "engine's log-probabilities are then the bf16 model's, and the update's ratio corrects for the difference; "
+        "an engine with its own copy (vLLM) samples in its own dtype")
     optim: OptimConfig = OptimConfig()
     distributed: DistributedSettings = DistributedSettings()
     lora: LoraSettings | None = None
@@ -122,6 +128,9 @@ class GRPOConfig(BaseModel):
                 split_s3(self.checkpoint_uri)
             except StorageError as err:
                 raise ValueError(f"checkpoint_uri: {err}") from None
+        if self.autocast != "off" and self.policy.dtype != "float32":
+            raise ValueError(f"autocast {self.autocast!r} mixes precision over float32 weights; policy.dtype is "
+                             f"{self.policy.dtype!r}: set policy.dtype float32, or autocast off")
         d = self.distributed
         episodes = (self.mini_batch_mazes or self.mazes_per_step) * self.group_size
         if d.backend == "ray" and episodes % d.ranks:

@@ -35,6 +35,7 @@ from .checkpoint import CheckpointManager, load_model_weights, load_trainer_stat
 from .common import greedy_success, rng_state, seed_everything, set_rng_state
 from .config import GRPOConfig
 from .data import MazeSampler
+from .precision import mixed_precision, warn_if_slow
 from .driver import GRPODriver, StaleRolloutError, episode_metrics, turn_state_keys, update_stats  # noqa: F401 (re-exported)
 from .worker import PolicyWorker
 
@@ -67,6 +68,7 @@ class GRPOTrainer(GRPODriver):
         self.on_step = on_step  # callback(step, metrics) for progress display
         self.out = Path(cfg.output_dir)
         seed_everything(cfg.seed)
+        warn_if_slow(cfg.autocast, cfg.policy.device, log)
         self.tp = open_policy(cfg.policy, cfg.lora)
         self.model = self.tp.policy.model
         if cfg.freeze_vision:
@@ -133,8 +135,9 @@ class GRPOTrainer(GRPODriver):
         items = items_from_split(self.train_df, rows, cfg.policy.render_scale, cfg.max_turns)
         sampling = self.tp.sampling(temperature=cfg.temperature, top_p=cfg.top_p,
                                        seed=derive_seed(cfg.seed, "rollout", self.step + 1))
-        return rollout(self.tp.engine, self.chat, items, group_size=cfg.group_size, sampling=sampling,
-                       env_config=cfg.env, history=cfg.policy.history)
+        with mixed_precision(cfg.autocast, cfg.policy.device):
+            return rollout(self.tp.engine, self.chat, items, group_size=cfg.group_size, sampling=sampling,
+                           env_config=cfg.env, history=cfg.policy.history)
 
     def update(self, trajs: list[Trajectory]) -> dict:
         """Driver (advantages, mini-batches) then one worker step per mini-batch."""

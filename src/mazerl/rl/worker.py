@@ -16,6 +16,7 @@ import torch
 
 from ..policy.chat import ChatFormat, PackedSample
 from ..rollout.engine import SamplingParams
+from .precision import mixed_precision
 from .config import GRPOConfig
 from .grpo import grpo_loss
 from .logprobs import token_logprobs
@@ -70,7 +71,7 @@ class PolicyWorker:
         with the trainer's weights (an engine's numbers differ slightly) and keep them as the behaviour
         policy's. Done for every mini-batch up front, so later mini-batches are still compared with
         the weights that sampled them, not with weights this step already changed."""
-        with torch.no_grad():
+        with torch.no_grad(), mixed_precision(self.cfg.autocast, self.cfg.policy.device):
             for batch in batches:
                 if not batch.samples:
                     continue
@@ -98,8 +99,9 @@ class PolicyWorker:
             rows = rows or [0]
             samples = [batch.samples[i] for i in rows]
             traj_of_row = torch.tensor([batch.episode[i] for i in rows])
-            ref = self._reference_logprobs(samples, sampling) if cfg.kl_coef > 0 else None
-            tl = token_logprobs(self.model, self.chat, samples, sampling, allowed_ids=self.choices)
+            with mixed_precision(cfg.autocast, cfg.policy.device):  # backward follows the forward's dtypes
+                ref = self._reference_logprobs(samples, sampling) if cfg.kl_coef > 0 else None
+                tl = token_logprobs(self.model, self.chat, samples, sampling, allowed_ids=self.choices)
             old = tl.old_logprobs  # the engine's, or the trainer's own after rescore_old_logprobs
             seq = traj_of_row[tl.sample_index.cpu()]
             token_adv = torch.cat([batch.token_advantages[i] for i in rows])
