@@ -49,3 +49,42 @@ def test_tiny_grpo_decays_over_its_own_steps(tmp_path):
     assert cfg.optim.schedule == "cosine" and cfg.max_minutes is not None
     got = lrs(cfg.optim, total=cfg.steps, steps=cfg.steps + 1)
     assert got[0] == pytest.approx(cfg.optim.lr) and got[-1] == pytest.approx(cfg.optim.lr * cfg.optim.min_lr_ratio)
+
+
+def test_moving_the_horizon_changes_the_next_rate_at_once_and_survives_a_checkpoint(tmp_path):
+    from mazerl.rl.optim import set_schedule_horizon
+
+    cfg = OptimConfig(lr=1e-3, schedule="cosine", min_lr_ratio=0.1)
+    opt, sched = make_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg, 100)
+    for _ in range(10):
+        opt.step()
+        sched.step()
+    assert sched.get_last_lr()[0] > 0.9e-3  # 10 of 100 steps: near the peak
+    set_schedule_horizon(sched, 20)
+    halfway = 1e-3 * (0.1 + 0.9 * 0.5)
+    assert sched.get_last_lr()[0] == pytest.approx(halfway) and opt.param_groups[0]["lr"] == pytest.approx(halfway)
+    torch.save(sched.state_dict(), tmp_path / "s.pt")
+    opt2, sched2 = make_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg, 100)
+    sched2.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))  # plain types: a checkpoint holds it
+    for _ in range(10):
+        opt2.step()
+        sched2.step()
+    assert sched2.get_last_lr()[0] == pytest.approx(1e-4)  # step 20 of the moved horizon: the floor
+
+
+def test_steps_that_fit_is_where_a_deadline_stops_the_run():
+    from mazerl.rl.driver import steps_that_fit
+
+    # 10 s a step, 2 minutes, 3 steps done: ceil((120 - 30) / 10) = 9 more, the run ends near step 12
+    assert steps_that_fit(step=3, steps=90, trained_seconds=30.0, steps_this_run=3, max_minutes=2.0) == 12
+    assert steps_that_fit(step=3, steps=10, trained_seconds=30.0, steps_this_run=3, max_minutes=2.0) == 10  # steps first
+    assert steps_that_fit(step=5, steps=90, trained_seconds=130.0, steps_this_run=5, max_minutes=2.0) == 6  # past it
+    assert steps_that_fit(step=90, steps=90, trained_seconds=30.0, steps_this_run=90, max_minutes=2.0) == 90  # the end
+    # after a resume the mean is this run's: 5 steps in 100 s (20 s each), 200 s left -> 10 more
+    assert steps_that_fit(step=45, steps=90, trained_seconds=100.0, steps_this_run=5, max_minutes=5.0) == 55
+
+
+def test_fitting_the_schedule_needs_a_deadline(tmp_path):
+    with pytest.raises(ValueError, match="needs max_minutes"):
+        GRPOConfig.model_validate({"policy": {"model": "m"}, "train_data": "t.parquet", "output_dir": str(tmp_path),
+                                   "fit_schedule_to_max_minutes": True})

@@ -4,11 +4,13 @@ a rollout actor, weight sync through the object store, sharded checkpoints, a co
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 
 import yaml
+from pytest import approx
 
 from mazerl.metrics import read_metrics
 from mazerl.rl.checkpoint import verify
@@ -34,8 +36,11 @@ def _train(path, *extra, env_extra=None):
 def test_two_ranks_and_two_rollout_actors_through_the_cli(small_mazes, tmp_path):
     # the KL reference is sharded like the policy; each rollout actor plays one of the step's 2 mazes;
     # the periodic greedy evaluation runs as in process (step 0, then every 2 steps)
+    # the schedule is fitted to a deadline far off on every rank: it stays the steps' cosine
     path, out = _config(small_mazes, tmp_path, kl_coef=0.01, eval_every=2, eval_data=str(small_mazes / "heldout.parquet"),
-                        eval_mazes=2, distributed={"ranks": 2, "rollout_workers": 2, "cpus_per_actor": 0.5})
+                        eval_mazes=2, distributed={"ranks": 2, "rollout_workers": 2, "cpus_per_actor": 0.5},
+                        max_minutes=60, fit_schedule_to_max_minutes=True,
+                        optim={"lr": 1e-4, "schedule": "cosine", "min_lr_ratio": 0.1})
     result = _train(path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     everything = read_metrics(out / "metrics.jsonl")
@@ -46,6 +51,8 @@ def test_two_ranks_and_two_rollout_actors_through_the_cli(small_mazes, tmp_path)
     assert all(r["weights_lag"] == 0 and r["time/weight_sync"] > 0 for r in log)
     assert all({"time/rank0_update", "time/rank1_update", "time/rollout_worker0", "time/rollout_worker1"} <= r.keys() for r in log)
     assert log[0]["kl"] == 0.0 and log[-1]["kl"] > 0.0  # step 1 trains from the reference weights; then they part
+    assert [r["lr_schedule_steps"] for r in log] == [3, 3, 3]
+    assert log[-1]["lr"] == approx(1e-5) and log[0]["lr"] == approx(1e-4 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 3))))
     for step in ("step-00000002", "step-00000003"):
         assert verify(out / "checkpoints" / step) is None
         assert json.loads((out / "checkpoints" / step / "state.json").read_text())["world_size"] == 2

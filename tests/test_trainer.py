@@ -404,11 +404,59 @@ def test_autocast_is_refused_over_weights_that_are_not_float32(tmp_path):
 
 
 def test_a_cpu_without_bf16_instructions_is_recognised():
-    from mazerl.rl.precision import cpu_lacks_bf16
+    from mazerl.rl.precision import cpu_bf16_support, cpu_lacks_bf16
 
     x86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n"
-    assert cpu_lacks_bf16(x86.format(extra=""))
-    assert not cpu_lacks_bf16(x86.format(extra="avx512_bf16"))
-    assert not cpu_lacks_bf16(x86.format(extra="amx_bf16 amx_tile"))
-    assert not cpu_lacks_bf16("processor\t: 0\nFeatures\t: fp asimd bf16\n")  # ARM: not judged
-    assert not cpu_lacks_bf16("")
+    assert cpu_lacks_bf16(x86.format(extra="")) and cpu_lacks_bf16("processor\t: 0\nflags\t\t: fpu avx avx2\n")
+    assert cpu_bf16_support(x86.format(extra="avx512_bf16")) is True
+    assert cpu_bf16_support(x86.format(extra="amx_bf16 amx_tile")) is True
+    assert cpu_bf16_support("processor\t: 0\nFeatures\t: fp asimd bf16\n") is True  # aarch64
+    assert cpu_lacks_bf16("processor\t: 0\nFeatures\t: fp asimd\n")
+    assert cpu_bf16_support("") is None and not cpu_lacks_bf16("")  # cannot tell: not judged lacking
+
+
+def test_autocast_auto_is_bf16_only_where_the_cpu_multiplies_in_bf16():
+    from mazerl.rl.precision import resolve_autocast
+
+    with_bf16, without = "flags\t: avx2 avx512_bf16\n", "flags\t: avx2\n"
+    assert resolve_autocast("auto", "cpu", with_bf16) == "bfloat16"
+    assert resolve_autocast("auto", "cpu", without) == "off"  # emulated bf16 is ~20x slower than float32 here
+    assert resolve_autocast("auto", "cpu", "") == "off"  # unknown: the safe choice
+    assert resolve_autocast("bfloat16", "cpu", without) == "bfloat16"  # asked for explicitly: done (with a warning)
+    assert resolve_autocast("off", "cpu", with_bf16) == "off"
+    cfg = load_config(GRPOConfig, "tiny-grpo", {"train_data": "t.parquet", "output_dir": "o"})
+    assert cfg.autocast == "auto"  # the shipped config never slows a CPU without bf16 down
+
+
+class SteppingClock:
+    """time.perf_counter for the trainer: every reading is `tick` seconds after the last."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+@pytest.mark.parametrize("fit", [True, False])
+def test_a_deadline_ends_the_learning_rate_schedule_when_fitted(small_mazes, tmp_path, monkeypatch, fit):
+    """With fit_schedule_to_max_minutes the rate reaches its floor on the step the deadline stops the run
+    at; without it the run stops near the schedule's start. The trainer's clock ticks 5 s a reading, so a
+    step takes the same simulated time on any machine."""
+    import mazerl.rl.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "time", SteppingClock(5.0))
+    cfg = grpo_config("tiny-base", small_mazes / "train.parquet", tmp_path / "g", policy={"model": "tiny-base"},
+                      steps=100, mazes_per_step=2, group_size=2, micro_batch=64, max_turns=2, max_minutes=2.0,
+                      fit_schedule_to_max_minutes=fit, optim={"lr": 1e-3, "schedule": "cosine", "min_lr_ratio": 0.1})
+    GRPOTrainer(cfg).run(resume="never")
+    rows = [r for r in read_metrics(tmp_path / "g" / "metrics.jsonl") if r.get("step")]
+    assert 3 <= len(rows) < 100  # the deadline stopped it
+    assert rows[-1]["time/training_total"] > 120 >= rows[-2]["time/training_total"]
+    if fit:
+        assert rows[-1]["lr"] == pytest.approx(1e-4)  # the floor, on the last step
+        assert rows[-2]["lr_schedule_steps"] == len(rows)  # fitted after each step but the last
+        assert all(a["lr"] > b["lr"] for a, b in zip(rows, rows[1:]))
+    else:
+        assert rows[-1]["lr"] > 0.95e-3 and "lr_schedule_steps" not in rows[-1]

@@ -25,12 +25,12 @@ from ..errors import UserError
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
-from ..storage import CheckpointMirror
 from ..rl.checkpoint import CheckpointManager
-from ..rl.precision import mixed_precision
 from ..rl.config import GRPOConfig
 from ..rl.data import MazeSampler
 from ..rl.driver import GRPODriver, episode_metrics, update_stats
+from ..rl.precision import mixed_precision, report_autocast
+from ..storage import CheckpointMirror
 
 log = logging.getLogger(__name__)
 # Fault injection for the tests: a rollout actor exits during this step (never set in real runs).
@@ -81,6 +81,7 @@ class TrainRank:
     def __init__(self, cfg_json: dict, rank: int, world_size: int):
         self.cfg = GRPOConfig.model_validate(cfg_json)
         self.rank, self.world_size = rank, world_size
+        report_autocast(self.cfg.autocast, self.cfg.policy.device, log)  # this rank's node, which may not be the driver's
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a port free on it (asked of rank 0: the process group meets there)."""
@@ -143,6 +144,12 @@ class TrainRank:
             out["gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         return out
 
+    def set_schedule_horizon(self, optimizer_steps: int) -> bool:
+        from ..rl.optim import set_schedule_horizon
+
+        set_schedule_horizon(self.worker.scheduler, optimizer_steps)
+        return True
+
     def full_state_dict(self) -> dict | None:
         """A collective: every rank must call it; rank 0 returns the weights, the others None."""
         from .fsdp import full_state_dict
@@ -204,6 +211,7 @@ class RolloutWorker:
         from ..policy.trainable import open_policy
 
         self.cfg = GRPOConfig.model_validate(cfg_json)
+        report_autocast(self.cfg.autocast, self.cfg.policy.device, log)  # this actor's node
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.cfg.distributed.rollout_workers))  # see TrainRank.setup
         policy = self.cfg.policy
         if policy.engine == "vllm":  # vLLM holds the served copy on the GPU; the HF model here only gives shapes and
@@ -355,6 +363,10 @@ class RayGRPO(GRPODriver):
         rollout = {"CPU": d.cpus_per_actor, **({"GPU": d.gpus_per_rollout_worker} if d.gpus_per_rollout_worker else {})}
         return [rank] * d.ranks + [rollout] * d.rollout_workers
 
+    def set_schedule_horizon(self, steps: int) -> None:
+        mini = self.cfg.mini_batch_mazes or self.cfg.mazes_per_step
+        self._on_all_ranks("set_schedule_horizon", steps * (self.cfg.mazes_per_step // mini))
+
     def _on_all_ranks(self, method: str, *args) -> list:
         return self.ray.get([getattr(r, method).remote(*args) for r in self.ranks])
 
@@ -458,7 +470,7 @@ class RayGRPO(GRPODriver):
             eval_seconds, evals_by_time = 0.0, 0  # periodic evaluation does not count against max_minutes
             if resumed is None and (cfg.eval_every or cfg.eval_every_minutes) and cfg.eval_data:
                 metrics.write({"step": 0, **self.ray.get(self.rollouts[0].greedy_eval.remote())})
-            started = time.perf_counter()
+            started, first_step = time.perf_counter(), self.step
             try:
                 while self.step < cfg.steps:
                     t0 = time.perf_counter()
@@ -487,6 +499,7 @@ class RayGRPO(GRPODriver):
                         evals_by_time += int(due_by_time)
                     record["time/training_total"] = time.perf_counter() - started - eval_seconds
                     out_of_time = cfg.max_minutes is not None and record["time/training_total"] > cfg.max_minutes * 60
+                    self.fit_schedule(record, first_step)  # before the checkpoint, which keeps the horizon
                     if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or out_of_time:
                         self.save_checkpoint()
                     record["time/step"] = time.perf_counter() - t0

@@ -97,12 +97,19 @@ class GRPOConfig(BaseModel):
                                  "every trajectory from the latest weights; > 0 allows asynchronous rollouts)")
     recompute_old_logprobs: bool = Field(False, description="score the sampled tokens with the trainer's model before the "
                                          "update instead of using the engine's log-probabilities (an engine's differ slightly)")
-    autocast: Literal["off", "bfloat16"] = Field(
+    autocast: Literal["off", "bfloat16", "auto"] = Field(
         "off", description="run rollouts and the update's forward and backward passes under torch.autocast in this "
         "dtype (mixed precision: weights, gradients and optimizer state stay in policy.dtype, float32; periodic "
-        "evaluation stays in float32). The tiny model on a CPU with bf16 instructions: ~1.7x faster steps. The "
-        "engine's log-probabilities are then the bf16 model's, and the update's ratio corrects for the difference; "
-        "an engine with its own copy (vLLM) samples in its own dtype")
+        "evaluation stays in float32). auto: bfloat16 where the process's device has bf16 arithmetic (a CPU with "
+        "avx512_bf16, amx_bf16 or ARM bf16; a CUDA GPU that supports it), off elsewhere: on a CPU without those "
+        "instructions torch emulates bf16 and a step is many times slower. The tiny model on a CPU with them: ~1.7x "
+        "faster steps. The engine's log-probabilities are then the bf16 model's, and the update's ratio corrects for "
+        "the difference; an engine with its own copy (vLLM) samples in its own dtype")
+    fit_schedule_to_max_minutes: bool = Field(
+        False, description="when max_minutes will stop the run before `steps`, end the learning-rate schedule at the "
+        "steps that fit instead (re-estimated after every step from this run's mean step time, evaluation not "
+        "counted), so a slower machine still reaches the schedule's floor by the deadline; the horizon used is logged "
+        "per step as lr_schedule_steps. Needs max_minutes")
     optim: OptimConfig = OptimConfig()
     distributed: DistributedSettings = DistributedSettings()
     lora: LoraSettings | None = None
@@ -128,6 +135,8 @@ class GRPOConfig(BaseModel):
                 split_s3(self.checkpoint_uri)
             except StorageError as err:
                 raise ValueError(f"checkpoint_uri: {err}") from None
+        if self.fit_schedule_to_max_minutes and self.max_minutes is None:
+            raise ValueError("fit_schedule_to_max_minutes needs max_minutes (the deadline the schedule is fitted to)")
         if self.autocast != "off" and self.policy.dtype != "float32":
             raise ValueError(f"autocast {self.autocast!r} mixes precision over float32 weights; policy.dtype is "
                              f"{self.policy.dtype!r}: set policy.dtype float32, or autocast off")

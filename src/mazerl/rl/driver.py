@@ -4,6 +4,7 @@ mini-batches each worker step receives."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -60,11 +61,36 @@ def update_stats(step_outputs: list[dict], lr: float) -> dict:
             "loss_tokens": totals["tokens"], "train_tokens": totals["train_tokens"], "lr": lr}
 
 
+def steps_that_fit(step: int, steps: int, trained_seconds: float, steps_this_run: int, max_minutes: float) -> int:
+    """The GRPO step the run will stop at: `steps`, or sooner when max_minutes runs out first. The run stops
+    after the first step that ends past the deadline, so at this run's mean step time that is
+    ceil(remaining / mean) steps from now (at least one more: the caller has not stopped yet)."""
+    mean = trained_seconds / max(1, steps_this_run)
+    remaining = max_minutes * 60 - trained_seconds
+    if mean <= 0:
+        return steps
+    return min(steps, max(step + 1, step + math.ceil(remaining / mean)))
+
+
 class GRPODriver:
-    """Needs `cfg` (GRPOConfig) and `step` (updates applied so far)."""
+    """Needs `cfg` (GRPOConfig), `step` (updates applied so far) and `set_schedule_horizon`."""
 
     cfg: GRPOConfig
     step: int
+
+    def set_schedule_horizon(self, steps: int) -> None:
+        """End the learning-rate schedule at GRPO step `steps` (each backend moves its optimizers')."""
+        raise NotImplementedError
+
+    def fit_schedule(self, record: dict, first_step: int) -> None:
+        """With fit_schedule_to_max_minutes: end the schedule at the step the deadline allows, given this
+        run's training time so far (record["time/training_total"]) over the steps since `first_step`."""
+        cfg = self.cfg
+        if not cfg.fit_schedule_to_max_minutes or record["time/training_total"] > cfg.max_minutes * 60:
+            return  # not asked for, or the run stops on this step
+        end = steps_that_fit(self.step, cfg.steps, record["time/training_total"], self.step - first_step, cfg.max_minutes)
+        self.set_schedule_horizon(end)
+        record["lr_schedule_steps"] = end
 
     def _update_samples(self, traj: Trajectory, index: int, advantages: list[float]):
         """The episode's training sequences with loss tokens (with `skip_zero_advantage_turns`, only

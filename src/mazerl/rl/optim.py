@@ -10,19 +10,38 @@ from ..errors import UserError
 from .config import OptimConfig
 
 
+class LRFactor:
+    """The learning rate as a fraction of `lr` after `step` optimizer steps: linear warm-up, then constant
+    or cosine down to `min_lr_ratio` at `total_steps`. An object with plain attributes, not a closure, so
+    that LambdaLR's state_dict carries it (a horizon moved by `set_schedule_horizon` survives a resume)."""
+
+    def __init__(self, cfg: OptimConfig, total_steps: int):
+        self.warmup_steps, self.schedule, self.min_lr_ratio = cfg.warmup_steps, cfg.schedule, cfg.min_lr_ratio
+        self.total_steps = int(total_steps)
+
+    def __call__(self, step: int) -> float:
+        if self.warmup_steps and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def make_optimizer(params, cfg: OptimConfig, total_steps: int):
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, LRFactor(cfg, total_steps))
 
-    def factor(step: int) -> float:
-        if cfg.warmup_steps and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.schedule == "constant":
-            return 1.0
-        span = max(1, total_steps - cfg.warmup_steps)
-        progress = min(1.0, (step - cfg.warmup_steps) / span)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+def set_schedule_horizon(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int) -> None:
+    """Move the schedule's end to `total_steps` optimizer steps; the next step already uses the new rate."""
+    factor = scheduler.lr_lambdas[0]
+    factor.total_steps = int(total_steps)
+    lrs = [base * factor(scheduler.last_epoch) for base in scheduler.base_lrs]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports
 
 
 class NonFiniteError(UserError):

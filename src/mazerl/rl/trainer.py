@@ -29,14 +29,15 @@ from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
 from ..policy.trainable import open_policy, save_model_dir, serving_weights
-from ..storage import CheckpointMirror
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
+from ..storage import CheckpointMirror
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
 from .common import greedy_success, rng_state, seed_everything, set_rng_state
 from .config import GRPOConfig
 from .data import MazeSampler
-from .precision import mixed_precision, warn_if_slow
 from .driver import GRPODriver, StaleRolloutError, episode_metrics, turn_state_keys, update_stats  # noqa: F401 (re-exported)
+from .optim import set_schedule_horizon
+from .precision import mixed_precision, report_autocast
 from .worker import PolicyWorker
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class GRPOTrainer(GRPODriver):
         self.on_step = on_step  # callback(step, metrics) for progress display
         self.out = Path(cfg.output_dir)
         seed_everything(cfg.seed)
-        warn_if_slow(cfg.autocast, cfg.policy.device, log)
+        report_autocast(cfg.autocast, cfg.policy.device, log)
         self.tp = open_policy(cfg.policy, cfg.lora)
         self.model = self.tp.policy.model
         if cfg.freeze_vision:
@@ -89,6 +90,9 @@ class GRPOTrainer(GRPODriver):
         self.mirror = (CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints, tensorboard=self.out / "tensorboard")
                        if cfg.checkpoint_uri else None)
         self.step = 0
+
+    def set_schedule_horizon(self, steps: int) -> None:
+        set_schedule_horizon(self.scheduler, steps * self.optimizer_steps_per_step)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -180,7 +184,7 @@ class GRPOTrainer(GRPODriver):
         try:
             if resumed is None and (cfg.eval_every or cfg.eval_every_minutes) and cfg.eval_data:
                 metrics.write({"step": 0, **greedy_success(self.tp, cfg.policy, cfg.eval_data, cfg.eval_mazes, cfg.env)})
-            started = time.perf_counter()
+            started, first_step = time.perf_counter(), self.step
             while self.step < cfg.steps:
                 t0 = time.perf_counter()
                 trajs = self.collect()
@@ -203,6 +207,7 @@ class GRPOTrainer(GRPODriver):
                     evals_by_time += int(due_by_time)
                 record["time/training_total"] = time.perf_counter() - started - eval_seconds
                 out_of_time = cfg.max_minutes is not None and record["time/training_total"] > cfg.max_minutes * 60
+                self.fit_schedule(record, first_step)  # before the checkpoint, which keeps the horizon
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or out_of_time:
                     tc = time.perf_counter()
                     self.save_checkpoint()

@@ -16,11 +16,11 @@ import torch
 
 from ..policy.chat import ChatFormat, PackedSample
 from ..rollout.engine import SamplingParams
-from .precision import mixed_precision
 from .config import GRPOConfig
 from .grpo import grpo_loss
 from .logprobs import token_logprobs
 from .optim import check_loss, clip_and_check, make_optimizer
+from .precision import mixed_precision
 
 
 @dataclass
