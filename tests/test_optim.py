@@ -84,7 +84,20 @@ def test_steps_that_fit_is_where_a_deadline_stops_the_run():
     assert steps_that_fit(step=45, steps=90, trained_seconds=100.0, steps_this_run=5, max_minutes=5.0) == 55
 
 
-def test_fitting_the_schedule_needs_a_deadline(tmp_path):
-    with pytest.raises(ValueError, match="needs max_minutes"):
-        GRPOConfig.model_validate({"policy": {"model": "m"}, "train_data": "t.parquet", "output_dir": str(tmp_path),
-                                   "fit_schedule_to_max_minutes": True})
+def test_without_a_deadline_the_fitted_schedule_is_the_steps_own(tmp_path):
+    # tiny-grpo fits its schedule to max_minutes; a run that drops the deadline (max_minutes: null, as the
+    # cluster task tests do) is valid, and its horizon stays `steps`
+    from mazerl.rl.driver import GRPODriver
+
+    cfg = load_config(GRPOConfig, "tiny-grpo", {"train_data": "t.parquet", "output_dir": str(tmp_path), "max_minutes": None})
+    assert cfg.fit_schedule_to_max_minutes and cfg.max_minutes is None
+
+    class Driver(GRPODriver):
+        def set_schedule_horizon(self, steps):
+            raise AssertionError("no deadline: nothing to fit")
+
+    driver = Driver()
+    driver.cfg, driver.step = cfg, 5
+    record = {"time/training_total": 1e6}
+    driver.fit_schedule(record, 0)
+    assert "lr_schedule_steps" not in record

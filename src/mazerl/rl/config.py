@@ -109,7 +109,7 @@ class GRPOConfig(BaseModel):
         False, description="when max_minutes will stop the run before `steps`, end the learning-rate schedule at the "
         "steps that fit instead (re-estimated after every step from this run's mean step time, evaluation not "
         "counted), so a slower machine still reaches the schedule's floor by the deadline; the horizon used is logged "
-        "per step as lr_schedule_steps. Needs max_minutes")
+        "per step as lr_schedule_steps. Without max_minutes there is no deadline, and the schedule runs over `steps`")
     optim: OptimConfig = OptimConfig()
     distributed: DistributedSettings = DistributedSettings()
     lora: LoraSettings | None = None
@@ -135,8 +135,6 @@ class GRPOConfig(BaseModel):
                 split_s3(self.checkpoint_uri)
             except StorageError as err:
                 raise ValueError(f"checkpoint_uri: {err}") from None
-        if self.fit_schedule_to_max_minutes and self.max_minutes is None:
-            raise ValueError("fit_schedule_to_max_minutes needs max_minutes (the deadline the schedule is fitted to)")
         if self.autocast != "off" and self.policy.dtype != "float32":
             raise ValueError(f"autocast {self.autocast!r} mixes precision over float32 weights; policy.dtype is "
                              f"{self.policy.dtype!r}: set policy.dtype float32, or autocast off")

@@ -86,8 +86,9 @@ class GRPODriver:
         """With fit_schedule_to_max_minutes: end the schedule at the step the deadline allows, given this
         run's training time so far (record["time/training_total"]) over the steps since `first_step`."""
         cfg = self.cfg
-        if not cfg.fit_schedule_to_max_minutes or record["time/training_total"] > cfg.max_minutes * 60:
-            return  # not asked for, or the run stops on this step
+        if (not cfg.fit_schedule_to_max_minutes or cfg.max_minutes is None
+                or record["time/training_total"] > cfg.max_minutes * 60):
+            return  # not asked for, no deadline, or the run stops on this step
         end = steps_that_fit(self.step, cfg.steps, record["time/training_total"], self.step - first_step, cfg.max_minutes)
         self.set_schedule_horizon(end)
         record["lr_schedule_steps"] = end
