@@ -31,6 +31,16 @@ def test_progress_speaks_at_least_every_interval_even_when_nothing_changes():
     assert len(lines) >= 1 + 5  # the opening line, a heartbeat at least every 0.2 s, the closing one
 
 
+def test_progress_total_follows_a_new_estimate():
+    p = Progress("train-grpo", total=90, unit="step", printer=lambda s, flush: None)
+    p.update(3)
+    assert "step 3/90" in p.line()
+    p.update(4, total=28)  # the schedule fitted to the deadline: 28 steps will run
+    assert "step 4/28" in p.line()
+    p.update(5)  # no new estimate: the last one stands
+    assert "step 5/28" in p.line()
+
+
 def test_progress_eta_respects_a_time_budget():
     p = Progress("train-grpo", total=1000, unit="step", deadline_s=60, printer=lambda s, flush: None)
     p._started -= 30  # 30 s in, 1 step done: steps alone say ~8 hours, the budget says 30 s

@@ -61,10 +61,13 @@ class Progress:
         if exc[0] is None:
             self._emit(final=True)
 
-    def update(self, done: int, progress: float | None = None, **figures) -> None:
+    def update(self, done: int, progress: float | None = None, total: int | None = None, **figures) -> None:
         """`done` units so far; `progress` (0-1), when given, is the share of the work done, for the
-        ETA (e.g. evaluation: mazes still playing count by the turns they have used)."""
+        ETA (e.g. evaluation: mazes still playing count by the turns they have used); `total`, when
+        given, is a new estimate of the units in all (GRPO's schedule fitted to its deadline)."""
         with self._lock:
+            if total is not None:
+                self.total = total
             self._done = done
             self._fraction = progress
             self._figures.update(figures)

@@ -217,7 +217,8 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
     with Progress("train-grpo", cfg.steps, "step", deadline_s=deadline) as bar:
 
         def on_step(step: int, r: dict) -> None:
-            bar.update(step, reward=r.get("reward_mean"), success=r.get("success_rate"),
+            # with fit_schedule_to_max_minutes, the step the deadline will stop at
+            bar.update(step, total=r.get("lr_schedule_steps"), reward=r.get("reward_mean"), success=r.get("success_rate"),
                        parse_fail=r.get("parse_failure_rate"), entropy=r.get("entropy"), heldout=r.get("eval/success"))
 
         if cfg.distributed.backend == "ray":
