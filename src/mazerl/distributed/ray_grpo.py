@@ -340,8 +340,7 @@ class RayGRPO(GRPODriver):
         self.ranks = [rank_cls.options(scheduling_strategy=at(r)).remote(cfg_json, r, d.ranks) for r in range(d.ranks)]
         # the process group's rendezvous is rank 0's node, on a port free there
         master_addr, master_port = ray.get(self.ranks[0].rendezvous_address.remote())
-        mini = cfg.mini_batch_mazes or cfg.mazes_per_step
-        ray.get([r.setup.remote(cfg.steps * (cfg.mazes_per_step // mini), master_addr, master_port) for r in self.ranks])
+        ray.get([r.setup.remote(cfg.steps * cfg.optimizer_steps_per_step, master_addr, master_port) for r in self.ranks])
         self.rollouts = [rollout_cls.options(scheduling_strategy=at(k if colocated else d.ranks + k)).remote(cfg_json)
                          for k in range(d.rollout_workers)]
         # NCCL needs every member on a GPU of its own: split placement with GPU rollout actors. (Colocated,
@@ -364,8 +363,7 @@ class RayGRPO(GRPODriver):
         return [rank] * d.ranks + [rollout] * d.rollout_workers
 
     def set_schedule_horizon(self, steps: int) -> None:
-        mini = self.cfg.mini_batch_mazes or self.cfg.mazes_per_step
-        self._on_all_ranks("set_schedule_horizon", steps * (self.cfg.mazes_per_step // mini))
+        self._on_all_ranks("set_schedule_horizon", steps * self.cfg.optimizer_steps_per_step)
 
     def _on_all_ranks(self, method: str, *args) -> list:
         return self.ray.get([getattr(r, method).remote(*args) for r in self.ranks])

@@ -126,6 +126,11 @@ class GRPOConfig(BaseModel):
         None, description="s3://bucket/prefix: every checkpoint is also uploaded there (manifest last, keep_checkpoints "
         "kept); a resume with no complete local checkpoint downloads the newest one from there")
 
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        """Optimizer steps in one GRPO step: one per mini-batch of `mini_batch_mazes` (default: all of the step's)."""
+        return self.mazes_per_step // (self.mini_batch_mazes or self.mazes_per_step)
+
     @model_validator(mode="after")
     def _check(self):
         if self.checkpoint_uri is not None:

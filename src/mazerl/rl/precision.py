@@ -12,7 +12,7 @@ def cpu_bf16_support(cpuinfo: str | None = None) -> bool | None:
     """Whether this Linux CPU multiplies in bf16 natively, from /proc/cpuinfo: x86 avx512_bf16 or amx_bf16,
     ARM's bf16 feature. None where it cannot tell (no cpuinfo, an unknown format)."""
     if cpuinfo is None:
-        cpuinfo = _read_cpuinfo()
+        return _this_cpu_bf16_support()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         key, flags = key.strip(), value.split()
@@ -24,12 +24,13 @@ def cpu_bf16_support(cpuinfo: str | None = None) -> bool | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _read_cpuinfo() -> str:
+def _this_cpu_bf16_support() -> bool | None:
+    """This machine's answer, read once (mixed_precision asks on every forward pass)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return f.read()
+            return cpu_bf16_support(f.read())
     except OSError:
-        return ""
+        return None
 
 
 def cpu_lacks_bf16(cpuinfo: str | None = None) -> bool:

@@ -81,10 +81,8 @@ class GRPOTrainer(GRPODriver):
         self.chat = self.tp.chat
         self.train_df = read_split(cfg.train_data)
         self.sampler = MazeSampler(len(self.train_df), cfg.seed)
-        mini = cfg.mini_batch_mazes or cfg.mazes_per_step
-        self.optimizer_steps_per_step = cfg.mazes_per_step // mini
         self.worker = PolicyWorker(self.model, self.chat, self.tp.reply_choices, cfg,
-                                   total_optimizer_steps=cfg.steps * self.optimizer_steps_per_step)
+                                   total_optimizer_steps=cfg.steps * cfg.optimizer_steps_per_step)
         self.optimizer, self.scheduler = self.worker.optimizer, self.worker.scheduler
         self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
         self.mirror = (CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints, tensorboard=self.out / "tensorboard")
@@ -92,7 +90,7 @@ class GRPOTrainer(GRPODriver):
         self.step = 0
 
     def set_schedule_horizon(self, steps: int) -> None:
-        set_schedule_horizon(self.scheduler, steps * self.optimizer_steps_per_step)
+        set_schedule_horizon(self.scheduler, steps * self.cfg.optimizer_steps_per_step)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
