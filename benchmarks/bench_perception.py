@@ -94,11 +94,11 @@ def main() -> None:
 
 def word_probabilities(tp, samples) -> torch.Tensor:
     """(samples, words): each sample's distribution over the reply grammar's words at its answer position (T = 1)."""
-    from mazerl.rl.logprobs import _backbone_and_head, token_logprobs
+    from mazerl.rl.logprobs import backbone_and_head, token_logprobs
 
     tl = token_logprobs(tp.policy.model, tp.chat, samples, tp.sampling(temperature=1.0), with_entropy=False,
                         allowed_ids=tp.reply_choices, return_hidden=True)
-    _, head = _backbone_and_head(tp.policy.model)
+    _, head = backbone_and_head(tp.policy.model)
     answer = torch.tensor([s.loss_mask.index(1) - 1 for s in samples])
     logits = head(tl.hidden[torch.arange(len(samples)), answer])[:, list(tp.reply_choices)]
     return torch.softmax(logits.float(), dim=-1)

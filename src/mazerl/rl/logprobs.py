@@ -24,7 +24,10 @@ class TokenLogprobs:
     hidden: torch.Tensor | None = None  # (n, width, H) last hidden states, when asked for (auxiliary losses)
 
 
-def _backbone_and_head(model):
+def backbone_and_head(model):
+    """The decoder stack (returns hidden states) and the LM head of a causal VLM, peft-wrapped or not.
+
+    Split so that callers apply the head only where they need logits (one position per turn)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # unwrap peft
     return base.model, base.lm_head
 
@@ -61,7 +64,7 @@ def token_logprobs(model, chat: ChatFormat, samples: list[PackedSample], samplin
     inputs = {k: v.to(device) for k, v in inputs.items()}
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].to(next(model.parameters()).dtype)
-    backbone, head = _backbone_and_head(model)
+    backbone, head = backbone_and_head(model)
     hidden = backbone(**inputs).last_hidden_state  # (n, width, H)
     rows, cols = loss_mask.nonzero(as_tuple=True)  # token at `cols` is predicted from position cols-1
     temperature = 1.0 if sampling.greedy else sampling.temperature

@@ -331,9 +331,9 @@ def perception_loss(model, hidden, samples, labels, token_ids) -> tuple[torch.Te
     position attends to the agent's square among ~80 image tokens; these four bits ask for exactly
     what that square's token holds (with `vision_init: neighbours`), so the attention forms sooner
     (measured in docs/BENCHMARKS.md)."""
-    from .logprobs import _backbone_and_head
+    from .logprobs import backbone_and_head
 
-    _, head = _backbone_and_head(model)
+    _, head = backbone_and_head(model)
     device = hidden.device
     rows = torch.arange(len(samples), device=device)
     cols = torch.tensor([s.loss_mask.index(1) - 1 for s in samples], device=device)
