@@ -7,6 +7,7 @@ and returns the exact sampled ids with their log-probabilities under the samplin
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -131,6 +132,12 @@ class InferenceEngine(Protocol):
         ...
 
 
+def image_digest(image: np.ndarray) -> tuple:
+    """An image's identity for sharing work between requests: shape, dtype and a hash of its pixels."""
+    arr = np.ascontiguousarray(image)
+    return arr.shape, str(arr.dtype), hashlib.blake2b(arr.tobytes(), digest_size=16).digest()
+
+
 def vision_inputs(image_processor, images: list[np.ndarray]) -> dict[str, torch.Tensor]:
     """pixel_values and image_grid_thw for images in placeholder order (empty dict for none)."""
     if not images:
@@ -145,8 +152,9 @@ class HFEngine:
     shares_module = True  # in-process it serves the trainer's module; a Ray rollout actor passes weights anyway
 
     def __init__(self, model, image_processor, end_of_turn_id: int, pad_id: int, image_token_id: int,
-                 max_batch: int = 64, grammar: ActionGrammar | None = None):
+                 max_batch: int = 64, grammar: ActionGrammar | None = None, share_identical_requests: bool = True):
         self.model = model
+        self.share_identical_requests = share_identical_requests  # off only to measure what sharing saves
         self.grammar = grammar  # needed for SamplingParams(grammar="action")
         self.weights_version = 0
         self.image_processor = image_processor
@@ -216,14 +224,26 @@ class HFEngine:
         which other requests share the batch."""
         g = self.grammar
         assert g is not None
-        inputs = self._model_inputs([r.ids + list(g.prefix) for r in requests], [img for r in requests for img in r.images])
+        # Requests with the same context (a group's episodes at the same square, turn and feedback) share
+        # one forward pass; each still samples from its own generator.
+        distinct: dict[tuple, int] = {}
+        firsts: list[GenerationRequest] = []
+        source = []
+        for r in requests:
+            key = ((tuple(r.ids), tuple(image_digest(img) for img in r.images)) if self.share_identical_requests
+                   else len(firsts))
+            if key not in distinct:
+                distinct[key] = len(firsts)
+                firsts.append(r)
+            source.append(distinct[key])
+        inputs = self._model_inputs([r.ids + list(g.prefix) for r in firsts], [img for r in firsts for img in r.images])
         was_training = self.model.training
         self.model.eval()
         try:
             logits = self.model(**inputs, logits_to_keep=1).logits[:, -1]
         finally:
             self.model.train(was_training)
-        logits = logits[:, list(g.word_ids)].float().cpu()
+        logits = logits[:, list(g.word_ids)].float().cpu()[torch.tensor(source)]
         if not torch.isfinite(logits).all():
             raise DamagedModelError(DAMAGED)
         temp = 1.0 if params.greedy else params.temperature
