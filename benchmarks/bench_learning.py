@@ -7,10 +7,9 @@ Writes OUT/learning.json and the curve as a PNG (default docs/learning_curve.png
 
 Usage (the issue's benchmark: 60 minutes, 500 mazes, every 5 minutes):
   python benchmarks/bench_learning.py --minutes 60 --steps 450 --eval-every-minutes 5 --eval-mazes 500 \
-      --set optim.lr=2e-4 --out outputs/bench-learning --png docs/learning_curve.png
+      --out outputs/bench-learning --png docs/learning_curve.png
 
-tiny-grpo's 4e-4 peak rate is tuned for the demo's 12 minutes; over an hour's horizon it stays near its
-peak too long and the run goes unstable, so the hour uses the 2e-4 of its best measurement (+20.8).
+(tiny-grpo's 2e-4 peak rate: at 4e-4 an hour's run went unstable near step 100.)
 
 `--steps` is the run's length in GRPO steps, and so the horizon of the config's learning-rate schedule
 (tiny-grpo: cosine); `--minutes` stops the run early, with a checkpoint, on a machine slower than the
