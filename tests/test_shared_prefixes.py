@@ -140,3 +140,22 @@ def test_engine_runs_one_pass_per_distinct_request_and_each_samples_alone(base_p
         assert out.ids[len(grammar.prefix)] in grammar.word_ids
     # different seeds on one context: the draws differ (temperature 2 over five words)
     assert len({tuple(o.ids) for o in together[0::2]}) > 1
+
+
+def test_the_batch_limit_counts_distinct_requests(base_policy):
+    policy, chat = base_policy
+    first = rollout(None, chat, _items(3, max_turns=1), teacher=lambda env: ("<action>up</action>", True),
+                    history=ONE_TURN, sampling=SamplingParams(grammar="action"))
+    contexts = [t.conversation.context(1, 1) for t in first]
+    requests = [GenerationRequest(contexts[k % 3].ids, contexts[k % 3].images, seed=k) for k in range(9)]
+    params = SamplingParams(temperature=1.0, grammar="action")
+    engine = HFEngine.from_chat(policy.model, chat, max_batch=2)
+    with _CountingForward(policy.model) as counter:
+        shared = engine.generate(requests, params)
+    assert counter.rows == [2, 1]  # three distinct contexts in batches of at most two
+    unshared_engine = HFEngine(policy.model, chat.image_processor, chat.im_end, chat.pad_id, chat.image_pad,
+                               max_batch=2, grammar=ActionGrammar.from_chat(chat), share_identical_requests=False)
+    with _CountingForward(policy.model) as counter:
+        alone = unshared_engine.generate(requests, params)
+    assert counter.rows == [2, 2, 2, 2, 1]
+    assert [o.ids for o in shared] == [o.ids for o in alone]

@@ -179,24 +179,23 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], params: SamplingParams, call_id: int = 0) -> list[GenerationOutput]:
+        seeds = [r.seed if r.seed is not None else derive_seed(params.seed, call_id, "request", i)
+                 for i, r in enumerate(requests)]
+        if params.grammar == "action":
+            if self.grammar is None:
+                raise GrammarError("this model's tokenizer cannot express the action grammar: use reply_grammar 'free'")
+            return self._choose_actions(requests, params, seeds)
         # Similar lengths together: less padding. Results go back in request order.
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].ids))
         results: list[GenerationOutput | None] = [None] * len(requests)
-        if params.grammar == "action" and self.grammar is None:
-            raise GrammarError("this model's tokenizer cannot express the action grammar: use reply_grammar 'free'")
         for start in range(0, len(order), self.max_batch):
             chunk = order[start : start + self.max_batch]
-            seeds = [requests[i].seed if requests[i].seed is not None else derive_seed(params.seed, call_id, "request", i)
-                     for i in chunk]
-            if params.grammar == "action":
-                outs = self._choose_actions([requests[i] for i in chunk], params, seeds)
-            else:
-                try:
-                    outs = self._generate_batch([requests[i] for i in chunk], params, seeds)
-                except RuntimeError as err:
-                    if "inf" in str(err) and "nan" in str(err):  # torch.multinomial on non-finite probabilities
-                        raise DamagedModelError(DAMAGED) from None
-                    raise
+            try:
+                outs = self._generate_batch([requests[i] for i in chunk], params, [seeds[i] for i in chunk])
+            except RuntimeError as err:
+                if "inf" in str(err) and "nan" in str(err):  # torch.multinomial on non-finite probabilities
+                    raise DamagedModelError(DAMAGED) from None
+                raise
             for i, out in zip(chunk, outs):
                 results[i] = out
         return results  # type: ignore[return-value]
@@ -220,12 +219,12 @@ class HFEngine:
     def _choose_actions(self, requests: list[GenerationRequest], params: SamplingParams, seeds: list[int]) -> list[GenerationOutput]:
         """The action grammar: one forward pass over prompt + prefix, then a choice among the action words.
 
-        Each request samples from its own generator (its seed), so its action does not depend on
-        which other requests share the batch."""
+        Requests with the same context (a group's episodes at the same square, turn and feedback) share
+        one forward pass, and the distinct contexts go in batches of `max_batch`, similar lengths
+        together. Each request samples from its own generator (its seed), so its action does not
+        depend on which other requests share the call."""
         g = self.grammar
         assert g is not None
-        # Requests with the same context (a group's episodes at the same square, turn and feedback) share
-        # one forward pass; each still samples from its own generator.
         distinct: dict[tuple, int] = {}
         firsts: list[GenerationRequest] = []
         source = []
@@ -236,14 +235,19 @@ class HFEngine:
                 distinct[key] = len(firsts)
                 firsts.append(r)
             source.append(distinct[key])
-        inputs = self._model_inputs([r.ids + list(g.prefix) for r in firsts], [img for r in firsts for img in r.images])
+        order = sorted(range(len(firsts)), key=lambda i: len(firsts[i].ids))
+        word_logits = torch.empty((len(firsts), len(g.word_ids)), dtype=torch.float32)
         was_training = self.model.training
         self.model.eval()
         try:
-            logits = self.model(**inputs, logits_to_keep=1).logits[:, -1]
+            for start in range(0, len(order), self.max_batch):
+                chunk = [firsts[i] for i in order[start : start + self.max_batch]]
+                inputs = self._model_inputs([r.ids + list(g.prefix) for r in chunk], [img for r in chunk for img in r.images])
+                logits = self.model(**inputs, logits_to_keep=1).logits[:, -1]
+                word_logits[order[start : start + self.max_batch]] = logits[:, list(g.word_ids)].float().cpu()
         finally:
             self.model.train(was_training)
-        logits = logits[:, list(g.word_ids)].float().cpu()[torch.tensor(source)]
+        logits = word_logits[torch.tensor(source, dtype=torch.long)]
         if not torch.isfinite(logits).all():
             raise DamagedModelError(DAMAGED)
         temp = 1.0 if params.greedy else params.temperature
