@@ -212,3 +212,51 @@ def test_weight_broadcast_group_sends_exact_tensors_and_refuses_a_different_layo
     for p in procs:
         if p.is_alive():
             p.kill()
+
+
+class _PartlyUsed(torch.nn.Module):
+    """A model with a parameter no loss ever reaches (as Qwen3-VL's deepstack mergers past a shallow
+    decoder's depth): AdamW keeps no state for it, so its checkpoint has none."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = torch.nn.Linear(4, 4)
+        self.unused = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _partly_used_step(model, optimizer, scheduler, seed: int) -> None:
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(seed))
+    optimizer.zero_grad(set_to_none=True)
+    model(x).pow(2).mean().backward()
+    optimizer.step()
+    scheduler.step()
+
+
+def test_sharded_checkpoint_of_a_parameter_without_optimizer_state_resumes_exactly(tmp_path):
+    from mazerl.distributed.checkpoint import load_sharded, save_sharded
+
+    def fresh():
+        torch.manual_seed(0)
+        model = _PartlyUsed()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
+
+    model, optimizer, scheduler = fresh()
+    _partly_used_step(model, optimizer, scheduler, 1)
+    assert len(optimizer.state) == 2  # the used layer's weight and bias only
+    save_sharded(tmp_path / "step-1", model, optimizer, scheduler, {"step": 1})
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    _partly_used_step(model, optimizer, scheduler, 2)
+    straight = {k: v.clone() for k, v in model.state_dict().items()}
+    assert not torch.equal(straight["used.weight"], saved["used.weight"])
+
+    # into the same optimizer, which already has state, and into a fresh one, which has none yet
+    for target in ((model, optimizer, scheduler), fresh()):
+        assert load_sharded(tmp_path / "step-1", *target)["step"] == 1
+        assert all(torch.equal(target[0].state_dict()[k], v) for k, v in saved.items())
+        _partly_used_step(*target, 2)
+        assert all(torch.equal(target[0].state_dict()[k], v) for k, v in straight.items())
+        assert torch.equal(target[0].unused.weight, saved["unused.weight"])  # never trained, never moved

@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -77,13 +79,19 @@ def load_sharded(path: str | Path, model, optimizer, scheduler, rank: int = 0, w
     if problem is not None:
         raise CheckpointMismatchError(f"checkpoint {path} cannot be trusted: {problem}")
     state = json.loads((path / STATE).read_text())
-    sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    model_state = {"model": get_model_state_dict(model)}
+    optim_state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     try:
-        dcp.load(sharded, checkpoint_id=str(path / "dcp"), no_dist=not _distributed())
+        # every weight must be in the checkpoint; optimizer state need not be: AdamW keeps none for a
+        # parameter that never had a gradient (e.g. deepstack mergers past a shallow decoder's depth),
+        # so such a parameter keeps the empty state it had when it was saved
+        dcp.load(model_state, checkpoint_id=str(path / "dcp"), no_dist=not _distributed())
+        dcp.load(optim_state, checkpoint_id=str(path / "dcp"), no_dist=not _distributed(),
+                 planner=DefaultLoadPlanner(allow_partial_load=True))
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointMismatchError(f"checkpoint {path} does not fit this model: {str(err).splitlines()[0]}") from None
-    set_model_state_dict(model, sharded["model"])
-    set_optimizer_state_dict(model, optimizer, sharded["optimizer"])
+    set_model_state_dict(model, model_state["model"])
+    set_optimizer_state_dict(model, optimizer, optim_state["optimizer"], options=StateDictOptions(strict=False))
     same_world = state["world_size"] == world_size
     local = torch.load(path / _rank_file(rank if same_world else 0), weights_only=True)
     scheduler.load_state_dict(local["scheduler"])
