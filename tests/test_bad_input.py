@@ -59,6 +59,19 @@ def minimal(rows: list[dict]) -> list[dict]:
     return [{k: r[k] for k in ("maze_id", "grid", "start", "goal")} for r in rows]
 
 
+# ---------------------------------------------------------------------------------------- usage
+
+
+@pytest.mark.parametrize("args, fragment", [(["no-such-command"], "No such command"),
+                                            (["eval", "--no-such-option"], "No such option"),
+                                            (["mazes", "generate", "--preset"], "requires an argument")])
+def test_a_usage_error_is_a_usage_message_not_an_internal_error(args, fragment):
+    """Usage errors are click's to report (typer's own copy of click in typer 0.2x): exit 2, no crash log."""
+    result = run(*args)
+    assert_clear_error(result, fragment)
+    assert "internal error" not in result.output and "traceback in" not in result.output
+
+
 # ---------------------------------------------------------------------------------------- data loss
 
 

@@ -21,6 +21,13 @@ from .mazes.layout import MazeError
 DEBUG_ENV = "MAZERL_DEBUG"
 
 
+# What click and typer report themselves (usage errors with the usage line, --help, exits): typer
+# 0.2x carries its own copy of click, whose errors derive from typer.TyperException, not click's.
+_PASS_THROUGH = tuple({click.exceptions.Exit, click.ClickException, click.exceptions.Abort, typer.Exit,
+                       getattr(typer, "Abort", click.exceptions.Abort),
+                       getattr(typer, "TyperException", click.ClickException)})
+
+
 class _ErrorBoundary(TyperGroup):
     """The command line's one error boundary. Bad input (any `UserError`, a validation error, an
     unreadable or unwritable file): one message, exit 2. Anything unexpected: one line naming the
@@ -30,7 +37,7 @@ class _ErrorBoundary(TyperGroup):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, typer.Exit):
+        except _PASS_THROUGH:
             raise
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]", highlight=False)
