@@ -84,7 +84,7 @@ def load_sharded(path: str | Path, model, optimizer, scheduler, rank: int = 0, w
     try:
         # every weight must be in the checkpoint; optimizer state need not be: AdamW keeps none for a
         # parameter that never had a gradient (e.g. deepstack mergers past a shallow decoder's depth),
-        # so such a parameter keeps the empty state it had when it was saved
+        # so such a parameter keeps what this optimizer holds for it (none, or zeros it never uses)
         dcp.load(model_state, checkpoint_id=str(path / "dcp"), no_dist=not _distributed())
         dcp.load(optim_state, checkpoint_id=str(path / "dcp"), no_dist=not _distributed(),
                  planner=DefaultLoadPlanner(allow_partial_load=True))
