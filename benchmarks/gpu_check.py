@@ -172,8 +172,6 @@ def build_2b(ctx: dict) -> dict:
 
 
 def hf_engine(ctx: dict) -> dict:
-    import torch
-
     from mazerl.policy.chat import ChatFormat
     from mazerl.policy.loading import load_policy
     from mazerl.rollout.engine import HFEngine, SamplingParams
@@ -283,8 +281,6 @@ def fsdp2_in_process(ctx: dict) -> dict:
 
 
 def vllm_engine(ctx: dict) -> dict:
-    import torch
-
     from mazerl.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(str(ctx["model_dir"]), ctx["chat"], dtype="bfloat16", max_model_len=4096,
