@@ -6,6 +6,11 @@ records every request so tests can assert on what `kfp.Client` actually sent.
 It also answers under the Kubernetes API server's service-proxy prefix
 (/api/v1/namespaces/<ns>/services/ml-pipeline:http/proxy/...), which is how `kfp.Client` reaches
 KFP through a kubeconfig context.
+
+Hostile modes (`KFPState.hostile`) make it answer chosen requests (by default all but the health
+check) the way a server in front of or instead of KFP would: "html" (an auth proxy's login page,
+200), "wrong-shape" (200 with `KFPState.hostile_body`, JSON that is not the API's), "stall" (never
+answers, until the server is closed).
 """
 
 from __future__ import annotations
@@ -18,12 +23,16 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
 _PROXY = re.compile(r"^/api/v1/namespaces/[^/]+/services/ml-pipeline:http/proxy")
 CREATED = "2026-11-29T03:00:00Z"
+HEALTHZ = "/apis/v2beta1/healthz"
+LOGIN_PAGE = (b"<!DOCTYPE html><html><head><title>Sign in</title></head>"
+              b"<body><form action='/oauth2/start'>" + b"x" * 3000 + b"</form></body></html>")
 
 
 @dataclass
@@ -47,6 +56,10 @@ class KFPState:
     runs: dict[str, dict] = field(default_factory=dict)
     recurring: dict[str, dict] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
+    hostile: str | None = None  # None | "html" | "wrong-shape" | "stall": see the module docstring
+    hostile_body: object = field(default_factory=lambda: {"status": "ok", "items": []})
+    hostile_to: Callable[[Request], bool] = lambda r: r.path != HEALTHZ  # which requests get the hostile answer
+    released: threading.Event = field(default_factory=threading.Event)  # set when the server closes: stalls end
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def new_id(self, kind: str) -> str:
@@ -124,6 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw)
         req = Request(method, path, query, {k.lower(): v for k, v in self.headers.items()}, body, bool(proxied))
         self.state.requests.append(req)
+        if self.state.hostile and self.state.hostile_to(req):
+            self._hostile_answer()
+            return
         try:
             if self.state.token is not None and req.headers.get("authorization") != f"Bearer {self.state.token}":
                 raise ApiError(401, "Unauthenticated: missing or wrong bearer token")
@@ -131,6 +147,24 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as err:
             status, payload = err.status, {"code": {400: 3, 401: 16, 404: 5, 409: 6}.get(err.status, 2), "message": err.message}
         self._reply(status, payload)
+
+    def _hostile_answer(self) -> None:
+        mode = self.state.hostile
+        if mode == "stall":
+            self.state.released.wait(60)  # no answer at all; the client's timeout has to end this
+            self.close_connection = True
+            return
+        if mode == "html":
+            data, ctype = LOGIN_PAGE, "text/html; charset=utf-8"
+        elif mode == "wrong-shape":
+            data, ctype = json.dumps(self.state.hostile_body).encode(), "application/json"
+        else:
+            raise ValueError(f"unknown hostile mode {mode!r}")
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_GET(self):
         self._handle("GET")
@@ -141,7 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def route(s: KFPState, r: Request) -> tuple[int, dict]:
     p = r.path
-    if r.method == "GET" and p == "/apis/v2beta1/healthz":
+    if r.method == "GET" and p == HEALTHZ:
         return 200, {"multi_user": s.multi_user}
 
     if r.method == "GET" and p == "/apis/v2beta1/pipelines":
@@ -214,6 +248,11 @@ def route(s: KFPState, r: Request) -> tuple[int, dict]:
         items = [x for x in reversed(list(s.recurring.values()))
                  if (ns is None or x["namespace"] == ns) and (eid is None or x["experiment_id"] == eid)]
         return 200, _page(items, r.query, s, "recurringRuns")  # the one camelCase field of v2beta1
+    m = re.fullmatch(r"/apis/v2beta1/recurringruns/([^/:]+)", p)
+    if r.method == "GET" and m:
+        if m.group(1) not in s.recurring:
+            raise ApiError(404, f"recurring run {m.group(1)!r} not found")
+        return 200, s.recurring[m.group(1)]
     m = re.fullmatch(r"/apis/v2beta1/recurringruns/([^/:]+):disable", p)
     if r.method == "POST" and m:
         if m.group(1) not in s.recurring:
@@ -262,12 +301,14 @@ class KFPServer:
         handler = type("Handler", (_Handler,), {"state": self.state})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # a short poll: shutdown() waits for it, once per server, in every test
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
 
     def __enter__(self) -> KFPServer:
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.state.released.set()
         self._server.shutdown()
         self._server.server_close()

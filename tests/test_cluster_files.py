@@ -167,7 +167,7 @@ def test_images_install_the_package_and_the_entry_points_the_manifests_name():
     from mazerl.cluster.rayjob import build_rayjob
 
     root = Path(__file__).resolve().parents[1]
-    entry = build_rayjob(load_profile("hyperpod-p5"), "cfg.yaml", "run")["spec"]["entrypoint"]
+    entry = build_rayjob(load_profile("hyperpod-p5"), "qwen3vl-8b-grpo", "run")["spec"]["entrypoint"]
     assert entry.startswith("python -m mazerl ") and (root / "src" / "mazerl" / "__main__.py").is_file()
     trainer = (root / "images" / "trainer.Dockerfile").read_text()
     runtime = (root / "images" / "runtime.Dockerfile").read_text()

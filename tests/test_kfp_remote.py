@@ -180,7 +180,7 @@ def test_bad_requests_fail_clearly_and_send_nothing_wrong(kfp, tmp_path):
     assert not kfp.state.pipelines and not kfp.state.runs and not kfp.state.recurring
 
 
-@pytest.mark.parametrize(("every", "seconds"), [("90m", 5400), ("24h", 86400), ("7d", 604800), ("45s", 45)])
+@pytest.mark.parametrize(("every", "seconds"), [("90m", 5400), ("24h", 86400), ("7d", 604800), ("120s", 120)])
 def test_intervals(every, seconds):
     assert parse_schedule(None, every) == {"interval_second": seconds}
 

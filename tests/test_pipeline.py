@@ -1,6 +1,7 @@
 """The KFP pipeline: profiles, compile (with the cluster settings) and a whole local run."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -71,7 +72,8 @@ def test_compile_is_deterministic_and_carries_the_cluster_settings(tmp_path):
     dag = spec["root"]["dag"]["tasks"]["exit-handler-1"]
     inner = spec["components"][dag["componentRef"]["name"]]["dag"]["tasks"]
     conditions = [t["triggerPolicy"]["condition"] for t in inner.values() if "triggerPolicy" in t]
-    assert conditions == ["int(inputs.parameter_values['pipelinechannel--compare-improved']) == 1"]
+    # ... on compare's return value: kfp.local resolves `<task>-Output`, and skips a branch on a NamedTuple field
+    assert conditions == ["int(inputs.parameter_values['pipelinechannel--compare-Output']) == 1"]
 
 
 def test_local_run_of_the_whole_dag(tmp_path, monkeypatch):
@@ -94,6 +96,9 @@ def test_local_run_of_the_whole_dag(tmp_path, monkeypatch):
     verdict = "yes" if decision["improved"] else "no"
     assert f"promotion: {verdict} (heldout {decision['success_diff']:+.3f}" in result.output
     assert decision["improved"] == (decision["success_diff"] > decision["min_gain"] and decision["p_value"] <= decision["max_p_value"])
+    # the verdict is what the promote step did: it ran exactly when compare decided to promote
+    assert (report.parents[2] / "promote" / "executor_output.json").is_file() == decision["improved"]
+    assert ("promoted: " in result.output) == decision["improved"]
     assert "trained vs baseline" in result.output
     # the console is readable: task boundaries and progress lines, no executor JSON
     assert "> train-grpo" in result.output and "ok: train-grpo" in result.output
@@ -206,16 +211,22 @@ def test_named_configs_and_profiles_work_from_any_directory(tmp_path, monkeypatc
     assert "tiny-base" in (tmp_path / "p.yaml").read_text()
 
 
-def test_the_wheel_carries_configs_profiles_reference_model_and_dag(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
     import subprocess
     import sys
-    import zipfile
 
+    out = tmp_path_factory.mktemp("wheel")
     root = Path(__file__).resolve().parents[1]
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(root)],
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(root)],
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
-    wheel = next(tmp_path.glob("mazerl-*.whl"))
+    return next(out.glob("mazerl-*.whl"))
+
+
+def test_the_wheel_carries_configs_profiles_reference_model_and_dag(wheel):
+    import zipfile
+
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("mazerl/configs/jobs/tiny-grpo.yaml", "mazerl/configs/profiles/local.yaml",
                    "mazerl/data/visgym_maze2d_reference.json", "mazerl/assets/tiny-base/model.safetensors",
@@ -223,3 +234,103 @@ def test_the_wheel_carries_configs_profiles_reference_model_and_dag(tmp_path):
                    "mazerl/pipeline/components/train_grpo.py"):
         assert needed in names, needed
     assert not any(n.startswith(("components/", "pipelines/")) for n in names)  # no top-level packages of those names
+
+
+def test_a_pip_installed_mazerl_runs_its_pipeline_promotes_and_the_next_run_starts_from_it(wheel, tmp_path):
+    """As a user meets it: the wheel in a fresh venv (whose site-packages path holds `python3.11`, the
+    string kfp.local's runner rewrites), the smoke DAG run twice from a directory outside the checkout.
+    The first run's decision is to promote (the rule is opened: gain > -1, p <= 1), so its promote step
+    must run and leave the registry pointing at the new model; the second run must start from it."""
+    import site
+    import subprocess
+    import sys
+
+    venv = tmp_path / "python3.11-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                           text=True).strip())
+    assert "python3.11" in str(purelib)
+    # the dependencies come from the test's own environment (a .pth line: not a site dir, so its editable mazerl stays out)
+    (purelib / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+                               capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    where = subprocess.check_output([str(python), "-c", "import mazerl; print(mazerl.__file__)"], text=True, cwd=tmp_path)
+    assert where.startswith(str(purelib)), where  # the wheel's mazerl, not the checkout's
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+
+    def pipeline_run() -> subprocess.CompletedProcess:
+        return subprocess.run([str(venv / "bin" / "mazerl"), "pipeline", "run", "--config", "smoke", "--param", "min_gain=-1",
+                               "--param", "max_p_value=1"], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=1500)
+
+    first = pipeline_run()
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    registry = elsewhere / "outputs" / "pipeline" / "registry" / "promoted.json"
+    entry = json.loads(registry.read_text())
+    assert Path(entry["model"]).is_dir() and str(elsewhere) in entry["model"]
+    assert f"promoted: {entry['model']}" in first.stdout and "promotion: yes" in first.stdout
+    runs = sorted((elsewhere / "outputs" / "pipeline" / "runs").glob("mazerl-*"))
+    assert (runs[-1] / "promote" / "executor_output.json").is_file()
+    # the shipped tiny-base's path inside site-packages reached every task intact
+    assert "tiny-base" in (runs[-1] / "resolve-model" / "executor_output.json").read_text()
+    assert "Could not resolve" not in (runs[-1] / "pipeline.log").read_text()
+
+    second = pipeline_run()
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    runs = sorted((elsewhere / "outputs" / "pipeline" / "runs").glob("mazerl-*"))
+    resolved = json.loads((runs[-1] / "resolve-model" / "executor_output.json").read_text())["parameterValues"]["Output"]
+    assert resolved == entry["model"]  # retraining compounds: the second run starts from the first's promoted model
+    history = json.loads(registry.read_text())["history"]
+    assert history[0]["model"] == entry["model"]
+
+
+def test_kfp_local_passes_parameter_values_that_contain_python3_intact(tmp_path):
+    """kfp.local's SubprocessRunner rewrites `python3` in every argument of a task, data included."""
+    from kfp import dsl, local
+
+    from mazerl.pipeline.run import _values_passed_intact
+
+    @dsl.component(base_image="python:3.11-slim", install_kfp_package=False)
+    def echo(text: str) -> str:
+        return text
+
+    value = str(tmp_path / "v" / "lib" / "python3.11" / "site-packages" / "mazerl")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    with _values_passed_intact():
+        assert echo(text=value).output == value
+
+
+def test_a_decision_to_promote_that_no_promote_step_carried_out_is_a_failure(tmp_path, monkeypatch):
+    """The console's verdict comes from the promote step's output and the registry, never from
+    compare's decision alone (kfp.local once skipped the promote branch silently)."""
+    import mazerl.pipeline.run as pipeline_run
+    from mazerl.pipeline.run import LocalRun, promotion_of_run
+
+    run_dir = tmp_path / "runs" / "mazerl-1"
+    (run_dir / "compare" / "result").mkdir(parents=True)
+    decision = {"split": "heldout", "success_diff": 0.2, "p_value": 1e-6, "min_gain": 0.0, "max_p_value": 0.05, "improved": True}
+    (run_dir / "compare" / "result" / "comparison.json").write_text(json.dumps({"splits": {}, "decision": decision}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pipeline_run, "run_local_logged", lambda *a, **k: LocalRun(run_dir, run_dir / "pipeline.log"))
+    monkeypatch.setattr(pipeline_run, "check_arguments", lambda profile, arguments: arguments)
+    monkeypatch.setattr("mazerl.evaluation.report.compare_tables", lambda comparison: [["split"]])
+    result = runner.invoke(app, ["pipeline", "run", "--config", "smoke"])
+    assert result.exit_code == 1, result.output
+    assert "no promote step ran: nothing was promoted" in " ".join(result.output.split())
+    assert "promotion: yes" not in result.output
+
+    # the promote step ran, but the registry names another model: refused, not reported as promoted
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "promoted.json").write_text(json.dumps({"model": "/elsewhere", "run_id": "r0"}))
+    (run_dir / "promote").mkdir()
+    (run_dir / "promote" / "executor_output.json").write_text(json.dumps({"parameterValues": {"Output": str(registry / "m")}}))
+    with pytest.raises(ConfigError, match="points at /elsewhere"):
+        promotion_of_run(run_dir, str(registry))
+    (registry / "promoted.json").write_text(json.dumps({"model": str(registry / "m"), "run_id": "r1"}))
+    assert promotion_of_run(run_dir, str(registry))["run_id"] == "r1"

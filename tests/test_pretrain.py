@@ -151,7 +151,7 @@ def test_a_damaged_or_missing_tiny_base_is_named(tmp_path, monkeypatch):
     with open(copy / "model.safetensors", "r+b") as fh:
         fh.seek(4000)
         fh.write(b"\x00\x01\x02")
-    with pytest.raises(PolicyLoadError, match=r"model\.safetensors does not match its sha256"):
+    with pytest.raises(PolicyLoadError, match=r"model\.safetensors does not match its hash"):
         load_policy("tiny-base")
     shutil.copy2(shipped / "model.safetensors", copy / "model.safetensors")  # repaired; now a file goes missing
     (copy / "tokenizer.json").unlink()

@@ -37,7 +37,7 @@ def schema_errors(schema: dict, manifest: dict) -> list[str]:
 
 
 def p5_manifest() -> dict:
-    return build_rayjob(load_profile("hyperpod-p5"), "/fsx/mazerl/runs/r1/grpo.yaml", RUN)
+    return build_rayjob(load_profile("hyperpod-p5"), "qwen3vl-8b-grpo", RUN)  # a config the renderer can check
 
 
 # ---- the manifest ------------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def test_p5_rayjob_validates_against_the_crd(rayjob_schema):
     labels = manifest["metadata"]["labels"]
     assert labels["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-ml-research-localqueue"
     assert labels[LABEL_RUN] == RUN
-    assert spec["entrypoint"].startswith("python -m mazerl train grpo --config /fsx/mazerl/runs/r1/grpo.yaml --backend ray")
+    assert spec["entrypoint"].startswith("python -m mazerl train grpo --config qwen3vl-8b-grpo --backend ray")
     assert "--set distributed.ranks=8" in spec["entrypoint"] and "--set policy.engine=vllm" in spec["entrypoint"]
 
 
@@ -264,9 +264,9 @@ def test_train_step_on_rayjob_stages_launches_follows_and_hands_back_the_model(s
     from mazerl.storage import S3CheckpointStore
 
     base = load_profile("hyperpod-p5")
-    profile = base.model_copy(update={
+    profile = base.model_copy(update={  # one GPU, one rank: a job config of 2 mazes x 2 samples is valid for it
         "storage": base.storage.model_copy(update={"root": f"s3://{S3_TEST_BUCKET}/root", "fsx_mount_path": str(tmp_path / "fsx")}),
-        "sagemaker": None})
+        "rayjob": base.rayjob.model_copy(update={"gpus_per_worker": 1}), "sagemaker": None})
     state = ClusterState(executor=cpu_executor(tmp_path))
     logs: list[str] = []
     with K8sAPIServer(state) as srv:
@@ -314,17 +314,19 @@ def test_the_train_step_checks_hyperpod_nodes_before_launching(hyperpod, small_m
         (final / "config.json").write_text("{}")
         return True, ""
 
+    # 16 or 24 ranks (8 GPUs a worker) must divide a step's 48 x 8 episodes, or the job config is refused before launch
+    ranks_divide = {"mazes_per_step": 48}
     logs: list[str] = []
     with K8sAPIServer(ClusterState(executor=finish_at_once)) as srv:
         api = custom_objects_api(host=srv.url)
         if workers == 3:  # moto's cluster has 2 healthy ml.p5.48xlarge nodes
             with pytest.raises(PreflightError, match="2 healthy ml.p5.48xlarge nodes; this job needs 3"):
-                train_on_rayjob(profile, RUN, "tiny-base", str(small_mazes), "tiny-grpo", str(tmp_path / "a"), api=api,
+                train_on_rayjob(profile, RUN, "tiny-base", str(small_mazes), "tiny-grpo", str(tmp_path / "a"), ranks_divide, api=api,
                                 log=logs.append, poll_s=0.2)
             assert srv.state.jobs == {}
         else:
             final, _ = train_on_rayjob(profile, RUN, "tiny-base", str(small_mazes), "tiny-grpo", str(tmp_path / "a"),
-                                       api=api, log=logs.append, poll_s=0.2)
+                                       ranks_divide, api=api, log=logs.append, poll_s=0.2)
             assert logs[0] == "HyperPod preflight: 2 healthy ml.p5.48xlarge nodes in hp"
             assert list(srv.state.jobs) == [(profile.namespace, job_name(RUN))] and Path(final).name == "final"
 

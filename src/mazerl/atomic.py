@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -99,28 +100,64 @@ def check_output_dir(target: str | os.PathLike[str], *, overwrite: bool = False)
         raise FileExistsError(f"{target} is not empty; pass --overwrite to replace it")
 
 
+class SymlinkLoopError(UserError):
+    """A path whose symbolic links point back at each other: it names no file at all."""
+
+
+def resolve_path(path: str | os.PathLike[str]) -> Path:
+    """`path` absolute, with symbolic links and '..' resolved; a loop of links is a clear error."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as err:  # Python < 3.13: RuntimeError("Symlink loop ..."); later: ELOOP
+        if isinstance(err, OSError) and err.errno != errno.ELOOP:
+            raise
+        raise SymlinkLoopError(f"{path} is a loop of symbolic links (it leads back to itself, never to a file); "
+                               "give the path of the real file or directory") from None
+
+
 def inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
     """Whether `path` is `folder` or lies below it (symbolic links and '..' resolved)."""
-    p, f = Path(path).resolve(), Path(folder).resolve()
+    p, f = resolve_path(path), resolve_path(folder)
     return p == f or f in p.parents
+
+
+def existing_path(name: str | os.PathLike[str] | None) -> Path | None:
+    """The path `name` gives when it names something on this machine (a file, a directory, a link),
+    else None: a model given as a hub id is no path an output could hold."""
+    if name is None:
+        return None
+    path = Path(name).expanduser()
+    return path if os.path.lexists(path) else None
 
 
 def child_path(folder: str | os.PathLike[str], name: str) -> Path:
     """FOLDER/name, refused unless it lies inside FOLDER: nothing is written outside an output directory."""
     target = Path(folder) / name
-    if Path(name).is_absolute() or not inside(target, folder) or Path(target).resolve() == Path(folder).resolve():
+    if Path(name).is_absolute() or not inside(target, folder) or resolve_path(target) == resolve_path(folder):
         raise OutsideOutputError(f"{name!r} would be written outside the output directory {folder}")
     return target
 
 
-def refuse_inputs_inside(output: str | os.PathLike[str], inputs: dict[str, str | os.PathLike[str] | None]) -> None:
-    """An output directory may be replaced (--overwrite); refuse when an input lives inside it, so
-    replacing the output can never delete what the command reads."""
+def refuse_inputs_inside(output: str | os.PathLike[str], inputs: dict[str, str | os.PathLike[str] | None], *,
+                         replaced: list[str | os.PathLike[str]] | None = None, choose: str = "choose another --out") -> None:
+    """The one rule that keeps a command from deleting what it reads: no input may lie inside a path
+    that the command deletes or replaces. `replaced` lists those paths (default: the whole `output`
+    directory, which `--overwrite` replaces); `inputs` maps each input's option or setting name to its
+    path (None: not given). Call it before any work starts."""
+    targets = [Path(output)] if replaced is None else [Path(p) for p in replaced]
     for label, path in inputs.items():
-        if path is not None and inside(path, output):
+        if path is None:
+            continue
+        for target in targets:
+            if not inside(path, target):
+                continue
+            if resolve_path(path) == resolve_path(output) and not Path(output).is_dir():
+                raise InputInsideOutputError(f"{label} {path} is also the output {output}: writing the output would "
+                                             f"overwrite this input; {choose}")
+            part = "" if resolve_path(target) == resolve_path(output) else f" (in {target}, which this command replaces)"
             raise InputInsideOutputError(
-                f"{label} {path} lies inside the output directory {output}: writing there could delete it; "
-                "choose an output directory that holds none of the inputs")
+                f"{label} {path} lies inside the output directory {output}{part}: writing the output would delete "
+                f"this input; {choose}, one that holds none of the inputs")
 
 
 @contextlib.contextmanager

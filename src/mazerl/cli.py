@@ -15,7 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.core import TyperGroup
 
-from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, user_message, write_error_log
+from .errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt,
+                     user_message, write_error_log)
 from .mazes.layout import MazeError
 
 DEBUG_ENV = "MAZERL_DEBUG"
@@ -32,13 +33,18 @@ class _ErrorBoundary(TyperGroup):
     """The command line's one error boundary. Bad input (any `UserError`, a validation error, an
     unreadable or unwritable file): one message, exit 2. Anything unexpected: one line naming the
     error and a log file holding the traceback, exit 1. `--debug` (or MAZERL_DEBUG=1) also prints
-    the traceback. Nobody sees a raw traceback otherwise."""
+    the traceback. Nobody sees a raw traceback otherwise. Ctrl-C, and SIGTERM alike, unwind (temporary
+    files removed) to one line: exit 130, or 143 for SIGTERM."""
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with sigterm_as_interrupt():
+                return super().invoke(ctx)
         except _PASS_THROUGH:
             raise
+        except Terminated:
+            err_console.print("[bold red]interrupted[/] (SIGTERM)", highlight=False)
+            raise typer.Exit(code=EXIT_TERMINATED) from None
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]", highlight=False)
             raise typer.Exit(code=EXIT_INTERRUPTED) from None
@@ -74,7 +80,7 @@ def _main_options(
     """mazerl: multi-turn GRPO for vision-language models on mazes.
 
     Exit codes: 0 success; 1 a check failed or an internal error (its traceback is saved to a log
-    file that the message names); 2 bad input; 130 interrupted.
+    file that the message names); 2 bad input; 130 interrupted; 143 stopped by SIGTERM.
     """
     if debug:
         os.environ[DEBUG_ENV] = "1"
@@ -150,8 +156,8 @@ def mazes_generate(
     refuse_inputs_inside(out, {"--config": config, "--reference": reference})
     try:
         cfg = DatasetConfig.from_yaml(config) if config else load_preset(preset)  # type: ignore[arg-type]
-        if train_seed is not None:
-            cfg = cfg.model_copy(update={"train_seed": train_seed})
+        if train_seed is not None:  # checked like the config's own train_seed
+            cfg = DatasetConfig.model_validate({**cfg.model_dump(), "train_seed": train_seed})
         with _progress() as bar:
             tasks: dict[str, int] = {}
 
@@ -162,7 +168,9 @@ def mazes_generate(
 
             manifest = generate_dataset(cfg, out, reference, workers=workers, overwrite=overwrite, progress=progress)
     except ValidationError as err:
-        _fail(f"invalid dataset config:\n{err}")
+        from .config import format_validation_error
+
+        _fail(format_validation_error(err, str(config or f"--preset {preset}")))
     except (MazeError, FileExistsError) as err:
         _fail(str(err))
     for notice in manifest["notices"]:
@@ -228,6 +236,10 @@ def mazes_show(
     from .mazes.dataset_io import read_split, row_render_options, row_to_maze
     from .mazes.render import render_ascii, render_rgb
 
+    if png is not None:
+        from .atomic import refuse_inputs_inside
+
+        refuse_inputs_inside(png, {"the split file": split}, choose="choose another --png")
     try:
         df = read_split(split)
     except MazeError as err:
@@ -259,7 +271,9 @@ def policy_init_tiny(
     if size not in SIZES:
         _fail(f"unknown --size {size!r}: allowed {', '.join(SIZES)}")
     try:
-        path = init_tiny(out, size=size, seed=seed, overwrite=overwrite)  # type: ignore[arg-type]
+        from .config import check_seed
+
+        path = init_tiny(out, size=size, seed=check_seed(seed, "--seed"), overwrite=overwrite)  # type: ignore[arg-type]
     except FileExistsError as err:
         _fail(str(err))
     from .policy.loading import load_policy
@@ -345,6 +359,10 @@ def train_sft_cmd(
         cfg = load_config(SFTConfig, config, parse_overrides(set_ or []))
     except ConfigError as err:
         _fail(str(err))
+    from .rl.common import refuse_inputs_in_run_files
+    from .rl.sft import RUN_FILES
+
+    refuse_inputs_in_run_files(cfg, RUN_FILES, {"--config": config})
     bar, on_step = _train_progress(cfg.steps, ("loss", "move_accuracy", "eval/success"))
     with bar:
         record = _run_job(lambda: train_sft(cfg, on_step, overwrite=overwrite))
@@ -374,6 +392,10 @@ def train_grpo_cmd(
         cfg = load_config(GRPOConfig, config, overrides)
     except ConfigError as err:
         _fail(str(err))
+    from .rl.common import refuse_inputs_in_run_files
+    from .rl.trainer import RUN_FILES
+
+    refuse_inputs_in_run_files(cfg, RUN_FILES, {"--config": config})
     check_resume_arg(resume, Path(cfg.output_dir) / "checkpoints")
     from .rollout.factory import check_engine_available
 
@@ -556,6 +578,9 @@ def pipeline_run_cmd(
     root = Path(prof.storage.root)
     arguments = {"registry_root": str(root / "registry"), **runner.RUN_CONFIGS[config], **overrides}
     if reference is not None:
+        from .workflow import resolve_reference
+
+        resolve_reference(reference)  # a missing file: one message now, not a generate task failing and retrying
         arguments["reference"] = reference
     console.print(f"running the mazerl DAG locally (profile {prof.name}, config {config}); full logs under {root / 'runs'}",
                   soft_wrap=True, highlight=False)
@@ -568,8 +593,22 @@ def pipeline_run_cmd(
 
     _print_rows("trained vs baseline (greedy, paired on the same mazes)", compare_tables(comparison))
     d = comparison["decision"]
-    console.print(f"promotion: {'yes' if d['improved'] else 'no'} (heldout {d['success_diff']:+.3f}, p = {d['p_value']:.3g}; "
-                  f"rule: gain > {d['min_gain']} and p <= {d['max_p_value']})")
+    figures = (f"heldout {d['success_diff']:+.3f}, p = {d['p_value']:.3g}; "
+               f"rule: gain > {d['min_gain']} and p <= {d['max_p_value']}")
+    try:  # what the promote step did (its registry entry), not only what compare decided
+        promoted = runner.promotion_of_run(run_dir, arguments["registry_root"])
+    except ConfigError as err:
+        _fail(str(err))
+    if promoted:
+        console.print(f"promotion: yes ({figures})", highlight=False)
+        console.print(f"promoted: {promoted['model']} (registry {Path(arguments['registry_root']) / 'promoted.json'}; "
+                      "the next run starts from it)", soft_wrap=True, highlight=False)
+    elif d["improved"]:
+        err_console.print(f"[bold red]error:[/] compare decided to promote ({_escape(figures)}), but no promote step ran: "
+                          f"nothing was promoted; see {run_dir / 'pipeline.log'}", soft_wrap=True, highlight=False)
+        raise typer.Exit(code=EXIT_FAILED)
+    else:
+        console.print(f"promotion: no ({figures})", highlight=False)
     console.print(f"report: {(run_dir / 'evaluate-2' / 'results' / 'report.html').resolve()}", soft_wrap=True)
 
 
@@ -585,14 +624,15 @@ ParamOpt = Annotated[Optional[list[str]], typer.Option("--param", help="pipeline
 
 
 def _connection(prof, host, auth, token_file, kube_context, kfp_namespace):
-    from .kfp_remote import Connection, KFPError, read_token
+    from .kfp_remote import Connection, KFPError, read_token, timeout_from_env
 
     try:
         token = read_token(token_file) if auth == "token" else None
+        timeout_s = timeout_from_env()
     except KFPError as err:
         _fail(str(err))
     return Connection(host=host or (prof.kfp_host if prof else None), auth=auth, token=token,
-                      kube_context=kube_context, kfp_namespace=kfp_namespace)
+                      kube_context=kube_context, kfp_namespace=kfp_namespace, timeout_s=timeout_s)
 
 
 def _cluster_profile(name: str, runnable: bool = False):
@@ -680,7 +720,7 @@ def pipeline_submit(
 def pipeline_schedule(
     profile: Annotated[str, typer.Option(help="cluster profile name (env/<name>.yaml) or path")],
     cron: Annotated[Optional[str], typer.Option(help="6-field cron, seconds first: '0 0 3 * * *' = 03:00 daily")] = None,
-    every: Annotated[Optional[str], typer.Option(help="interval instead of cron: 90m, 24h, 7d")] = None,
+    every: Annotated[Optional[str], typer.Option(help="interval instead of cron: 90m, 24h, 7d (from 1m to 366d)")] = None,
     name: Annotated[Optional[str], typer.Option(help="recurring run name (default: mazerl-<profile>-retrain)")] = None,
     host: HostOpt = None,
     experiment: ExperimentOpt = "mazerl",
@@ -797,7 +837,9 @@ def pipeline_rbac(
 def cluster_render_rayjob(
     profile: Annotated[str, typer.Option(help="a hyperpod profile with backend rayjob and a rayjob section")],
     config: Annotated[Optional[str], typer.Option(help="GRPO job config as the pods see it: a shipped name or a path on "
-                                                  "FSx (default: the profile's pipeline.grpo_config)")] = None,
+                                                  "FSx, readable here too: it is validated with the --set overrides "
+                                                  "before anything is rendered (default: the profile's "
+                                                  "pipeline.grpo_config)")] = None,
     run_id: Annotated[str, typer.Option(help="the KFP run this job belongs to (names and labels derive from it)")] = "manual",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="extra KEY=VALUE for the training config")] = None,
     out: Annotated[Optional[Path], typer.Option(help="write here instead of standard output")] = None,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import yaml
 
-from .profiles import Profile
+from .config import ConfigError
+from .profiles import Profile, check_iam_role_arn
 
 # (apiGroup, resources, verbs): exactly what the launcher (cluster/launcher.py: create, poll with get,
 # cancel_run's list and delete) and a person reading the job's pods and logs need; nothing more
@@ -23,6 +24,11 @@ def rbac_manifests(profile: Profile, iam_role_arn: str | None = None) -> list[di
     """ServiceAccount (IRSA-annotated when a role ARN is given), Role and RoleBinding for `profile`."""
     if profile.kind != "hyperpod" or not profile.namespace or not profile.service_account:
         raise ValueError(f"profile {profile.name!r} is not a cluster profile: RBAC needs its namespace and service account")
+    if iam_role_arn is not None:
+        try:
+            check_iam_role_arn(iam_role_arn)
+        except ValueError as err:
+            raise ConfigError(f"--iam-role-arn: {err}") from None
     ns, sa = profile.namespace, profile.service_account
     labels = {"app.kubernetes.io/part-of": "mazerl"}
     account: dict = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns, "labels": labels}}

@@ -2,26 +2,54 @@
 log file for anything unexpected. Every expected error type derives from `UserError`.
 
 Exit codes (documented in the README): 0 success, 1 a check that ran and failed (a conformance
-mismatch) or an unexpected internal error, 2 bad input (usage, files, configs, data), 130 interrupted.
+mismatch) or an unexpected internal error, 2 bad input (usage, files, configs, data), 130 interrupted
+(Ctrl-C), 143 stopped by SIGTERM (an orchestrator or `kill`; cleaned up like Ctrl-C).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import os
+import signal
 import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM: what a shell or an orchestrator expects of a job it stopped
 ERROR_LOG_DIR_ENV = "MAZERL_ERROR_LOG_DIR"
 
 
 class UserError(Exception):
     """Bad input. Its message names what is wrong and what is allowed; no traceback is shown."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, unwound like Ctrl-C: every atomic writer removes its temporary file or folder on the way out."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM raises Terminated (in the main thread) instead of ending the process
+    at once, which would leave a half-written checkpoint's temporary folder behind."""
+
+    def _terminated(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread: only the main thread may handle signals
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 _OS_HINTS = {

@@ -10,11 +10,13 @@ account, FSx for Lustre claim, S3 root, node selectors, tolerations, Kueue label
 
 from __future__ import annotations
 
+import posixpath
 import re
+import unicodedata
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .config import ConfigError, format_validation_error, load_yaml_file
 
@@ -33,7 +35,155 @@ def resolve_job_config(name_or_path: str) -> str:
         return str(shipped)
     names = ", ".join(sorted(p.stem for p in JOB_CONFIG_DIR.glob("*.yaml")))
     raise ConfigError(f"unknown config {name_or_path!r}: give a YAML file or one of the shipped configs ({names})")
-_PINNED = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+
+
+# ---- Kubernetes and AWS names: one rule per kind of value, applied wherever that kind is read --------
+# Each check returns the value or raises ValueError naming the value and the rule (pydantic adds the
+# field). Patterns are matched with re.fullmatch: `$` would also match before a trailing newline.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")  # a label value, a label key's name part
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]*[a-z0-9]")
+_IPV4 = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+")
+# the prefixes and suffixes AWS reserves for its own bucket kinds (access point aliases, directory buckets, ...)
+_BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_BUCKET_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+# arn:<partition>:iam::<account>:role/<path/>name: a path of printable ASCII, a name of <= 64 [\w+=,.@-]
+_IAM_ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::[0-9]{12}:role/([\x21-\x7e]*/)?[A-Za-z0-9_+=,.@-]{1,64}")
+# the distribution/reference grammar Docker, containerd and ECR parse: [registry[:port]/]path[:tag][@digest]
+_IMAGE_REF = re.compile(
+    r"(?:(?P<registry>(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*"
+    r"[A-Za-z0-9]))*(?::[0-9]+)?|\[[0-9A-Fa-f:]+\](?::[0-9]+)?)/)?"
+    r"(?P<path>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,}))?")
+# the digest algorithms OCI registers, with the exact form of their hex part
+_DIGEST_HEX = {"sha256": re.compile(r"[0-9a-f]{64}"), "sha512": re.compile(r"[0-9a-f]{128}")}
+
+
+def check_dns_label(value: str) -> str:
+    """An RFC 1123 DNS label, as Kubernetes names namespaces."""
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+        raise ValueError(f"{value!r} is not a valid DNS label (RFC 1123): 1-63 characters, lowercase letters, digits "
+                         "and '-', starting and ending with a letter or digit")
+    return value
+
+
+def check_dns_subdomain(value: str, max_length: int = 253) -> str:
+    """An RFC 1123 DNS subdomain, as Kubernetes names most objects (service accounts, claims, classes)."""
+    if len(value) > max_length or not _DNS_SUBDOMAIN.fullmatch(value):
+        raise ValueError(f"{value!r} is not a valid DNS subdomain (RFC 1123): 1-{max_length} characters, lowercase "
+                         "letters, digits, '-' and '.', each dot-separated part starting and ending with a letter or digit")
+    return value
+
+
+def check_label_value(value: str) -> str:
+    """A Kubernetes label value (also a node-selector or toleration value); may be empty."""
+    if len(value) > 63 or (value and not _LABEL_NAME.fullmatch(value)):
+        raise ValueError(f"{value!r} is not a valid Kubernetes label value: at most 63 characters, letters, digits, "
+                         "'-', '_' and '.', starting and ending with a letter or digit (or empty)")
+    return value
+
+
+def check_qualified_name(value: str) -> str:
+    """A Kubernetes qualified name (a label, node-selector or taint key): [DNS-subdomain prefix '/'] name."""
+    prefix, slash, name = value.rpartition("/")
+    if (len(name) > 63 or not _LABEL_NAME.fullmatch(name)
+            or (slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)))):
+        raise ValueError(f"{value!r} is not a valid Kubernetes qualified name (label key): an optional DNS-subdomain "
+                         "prefix (<= 253 lowercase characters) and '/', then a name of 1-63 letters, digits, '-', '_' "
+                         "and '.', starting and ending with a letter or digit")
+    return value
+
+
+def check_bucket_name(value: str) -> str:
+    """An S3 general purpose bucket name, by AWS's naming rules."""
+    rule = ("3-63 lowercase letters, digits, '.' and '-', beginning and ending with a letter or digit, not an IP "
+            "address, no '..', no reserved prefix (xn--, sthree-, amzn-s3-demo-) or suffix (-s3alias, --ol-s3, .mrap, "
+            "--x-s3, --table-s3)")
+    why = None
+    if not 3 <= len(value) <= 63:
+        why = f"it has {len(value)} characters"
+    elif not re.fullmatch(r"[a-z0-9.-]+", value):
+        why = "only lowercase letters, digits, '.' and '-' are allowed"
+    elif not _BUCKET.fullmatch(value):
+        why = "it must begin and end with a letter or digit"
+    elif ".." in value:
+        why = "it contains '..'"
+    elif _IPV4.fullmatch(value):
+        why = "it is formatted as an IP address"
+    elif value.startswith(_BUCKET_RESERVED_PREFIXES) or value.endswith(_BUCKET_RESERVED_SUFFIXES):
+        why = "it has a prefix or suffix AWS reserves"
+    if why:
+        raise ValueError(f"{value!r} is not a valid S3 bucket name ({why}): {rule}")
+    return value
+
+
+def _has_control_characters(value: str) -> bool:
+    return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value)
+
+
+def check_storage_root(value: str) -> str:
+    """A local path (FSx, the working directory) or s3://<bucket>[/prefix] with a valid bucket name."""
+    if value.startswith("s3://"):
+        check_bucket_name(value[len("s3://"):].partition("/")[0])
+    if _has_control_characters(value):
+        raise ValueError(f"{value!r} contains control characters (a newline?): give a path or s3://bucket/prefix")
+    return value
+
+
+def check_absolute_path(value: str) -> str:
+    """An absolute, normalized POSIX path below / (a volume's mount path in a pod)."""
+    rule = "an absolute, normalized path such as /fsx (no '..', '.', '//' or trailing '/')"
+    if _has_control_characters(value) or any(c.isspace() for c in value):
+        raise ValueError(f"{value!r} contains control characters or spaces: {rule}")
+    if ".." in value.split("/"):
+        raise ValueError(f"{value!r} contains '..': {rule}")
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not absolute: {rule}")
+    if value == "/":
+        raise ValueError(f"{value!r} is the root directory; a volume mounted there would hide the image: {rule}")
+    if posixpath.normpath(value) != value or value.startswith("//"):
+        raise ValueError(f"{value!r} is not normalized (it is {posixpath.normpath(value)!r}): {rule}")
+    return value
+
+
+def check_iam_role_arn(value: str) -> str:
+    """The ARN of an IAM role (IRSA): arn:aws[-partition]:iam::<account>:role/[path/]name."""
+    if len(value) > 2048 or not _IAM_ROLE_ARN.fullmatch(value):
+        raise ValueError(f"{value!r} is not an IAM role ARN: arn:aws:iam::<12-digit account id>:role/[path/]name (a "
+                         "partition such as aws-cn or aws-us-gov instead of aws; a name of 1-64 letters, digits and "
+                         "_+=,.@-)")
+    return value
+
+
+def check_image_ref(value: str) -> str:
+    """A container image reference: [registry[:port]/]name[:tag][@algorithm:digest], lowercase name."""
+    m = _IMAGE_REF.fullmatch(value)
+    algorithm, _, hex_part = (m.group("digest") or "").partition(":") if m else ("", "", "")
+    if (m is None or len(m.group("path")) + len(m.group("registry") or "") > 255
+            or (algorithm in _DIGEST_HEX and not _DIGEST_HEX[algorithm].fullmatch(hex_part))):
+        raise ValueError(f"{value!r} is not a valid container image reference: [registry[:port]/]name[:tag][@sha256:"
+                         "<64 hex digits>], lowercase name components, no spaces")
+    return value
+
+
+def is_pinned(image: str) -> bool:
+    """Pinned by a sha256 digest (image@sha256:<64 hex>): the image a run used can be pulled again."""
+    match = _IMAGE_REF.fullmatch(image)
+    algorithm, _, hex_part = (match.group("digest") or "").partition(":") if match else ("", "", "")
+    return algorithm == "sha256" and bool(_DIGEST_HEX["sha256"].fullmatch(hex_part))
+
+
+DNSLabel = Annotated[str, AfterValidator(check_dns_label)]
+DNSSubdomain = Annotated[str, AfterValidator(check_dns_subdomain)]
+# an object named in a label too (Kueue's queue-name and priority-class labels): a DNS subdomain of <= 63
+LabelledName = Annotated[str, AfterValidator(lambda v: check_dns_subdomain(v, max_length=63))]
+LabelValue = Annotated[str, AfterValidator(check_label_value)]
+QualifiedName = Annotated[str, AfterValidator(check_qualified_name)]
+StorageRoot = Annotated[str, AfterValidator(check_storage_root)]
+AbsolutePath = Annotated[str, AfterValidator(check_absolute_path)]
+ImageRef = Annotated[str, AfterValidator(check_image_ref)]
 # The node label EKS sets to the EC2 / HyperPod instance type: node selectors name it, and the RayJob
 # preflight checks that many healthy nodes of that type before launching.
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -42,32 +192,44 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 class Images(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    runtime: str = Field(description="image of the KFP task pods (mazerl installed, CPU)")
-    trainer: str | None = Field(None, description="GPU image of the RayJob (Ray, vLLM, FSDP2)")
+    runtime: ImageRef = Field(description="image of the KFP task pods (mazerl installed, CPU)")
+    trainer: ImageRef | None = Field(None, description="GPU image of the RayJob (Ray, vLLM, FSDP2)")
 
 
 class Toleration(BaseModel):
+    """A Kubernetes toleration, checked as the API server checks one."""
+
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    key: str
+    key: QualifiedName | None = Field(None, description="the taint key (none, with operator Exists: every taint)")
     operator: Literal["Exists", "Equal"] = "Exists"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    value: LabelValue | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = Field(None, description="empty: all effects")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"operator Exists matches any value of the taint; remove value {self.value!r} or use "
+                             "operator Equal")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key must use operator Exists (it tolerates every taint); "
+                             "give a key for operator Equal")
+        return self
 
 
 class Kueue(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    queue_name: str = Field(description="e.g. hyperpod-ns-<team>-localqueue")
-    priority_class: str | None = Field(None, description="e.g. <name>-priority")
+    queue_name: LabelledName = Field(description="e.g. hyperpod-ns-<team>-localqueue")
+    priority_class: LabelledName | None = Field(None, description="e.g. <name>-priority")
 
 
 class Storage(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    root: str = Field(description="where runs, checkpoints and the promotion registry live (path or s3://)")
-    fsx_claim: str | None = Field(None, description="FSx for Lustre PVC name, conventionally fsx-claim")
-    fsx_mount_path: str = "/fsx"
+    root: StorageRoot = Field(description="where runs, checkpoints and the promotion registry live (path or s3://)")
+    fsx_claim: DNSSubdomain | None = Field(None, description="FSx for Lustre PVC name, conventionally fsx-claim")
+    fsx_mount_path: AbsolutePath = "/fsx"
 
 
 class RayJobSizing(BaseModel):
@@ -83,7 +245,8 @@ class RayJobSizing(BaseModel):
     shm_size: str = Field("256Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", description="/dev/shm (memory emptyDir) per worker")
     head_cpu: int = Field(8, ge=1)
     head_memory: str = Field("32Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$")
-    head_node_selector: dict[str, str] = Field(default_factory=dict, description="where the CPU head runs (empty: anywhere)")
+    head_node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict,
+                                                                description="where the CPU head runs (empty: anywhere)")
     ray_version: str = Field("2.60.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$", description="the trainer image's Ray")
     active_deadline_seconds: int = Field(172800, ge=60, description="the whole job's deadline (KubeRay fails it after)")
     backoff_limit: int = Field(0, ge=0, le=10, description="KubeRay retries of a failed job (mazerl resumes from checkpoints)")
@@ -99,7 +262,7 @@ class SageMakerSettings(BaseModel):
     cluster_name: str | None = Field(None, description="HyperPod cluster name: checked for healthy nodes before a RayJob")
     model_package_group: str | None = Field(None, pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$",
                                             description="Model Registry group a promoted model is registered in")
-    serving_image: str | None = Field(None, description="inference image named in the model package (pinned by digest)")
+    serving_image: ImageRef | None = Field(None, description="inference image named in the model package (pinned by digest)")
     approval_status: Literal["PendingManualApproval", "Approved"] = "PendingManualApproval"
 
 
@@ -130,9 +293,9 @@ class Profile(BaseModel):
     task_gpus: int = Field(0, ge=0, description="nvidia.com/gpu for the warm-start, train and evaluate pods (backend local on a cluster)")
     images: Images
     storage: Storage
-    namespace: str | None = None
-    service_account: str | None = None
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    namespace: DNSLabel | None = None
+    service_account: DNSSubdomain | None = None
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     kueue: Kueue | None = None
     kfp_host: str | None = None
@@ -178,7 +341,7 @@ class Profile(BaseModel):
         serving = self.sagemaker.serving_image if self.sagemaker else None
         for field, image in (("images.runtime", self.images.runtime), ("images.trainer", self.images.trainer),
                              ("sagemaker.serving_image", serving)):
-            if image is not None and not _PINNED.match(image):
+            if image is not None and not is_pinned(image):
                 raise ConfigError(f"profile {self.name!r}: {field} = {image!r} is not pinned; use name@sha256:<64 hex digits>")
 
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from .atomic import atomic_directory
 from .errors import UserError
-from .rl.checkpoint import MANIFEST, sha256_file, verify
+from .profiles import check_bucket_name
+from .integrity import check_file_list, check_folder, manifest_of, parse_manifest
+from .rl.checkpoint import MANIFEST, verify
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_STEP = re.compile(r"^step-(\d{8})$")
+_STEP = re.compile(r"step-([0-9]{8})")  # fullmatch: a name with anything after the digits is not a checkpoint
 
 
 class StorageError(UserError):
@@ -36,17 +37,43 @@ def split_s3(uri: str) -> tuple[str, str]:
     if not is_s3(uri):
         raise StorageError(f"{uri!r} is not an s3:// address")
     bucket, _, prefix = uri[len("s3://"):].partition("/")
-    if not _BUCKET.match(bucket) or ".." in bucket:
-        raise StorageError(f"{uri!r}: {bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, '.', '-')")
+    try:
+        check_bucket_name(bucket)
+    except ValueError as err:
+        raise StorageError(f"{uri!r}: {err}") from None
     return bucket, prefix.strip("/")
 
 
 def s3_client(max_attempts: int = 10):
-    """boto3's S3 client with adaptive retries (exponential backoff on throttling, 5xx, dropped connections)."""
+    """boto3's S3 client with adaptive retries (exponential backoff on throttling, 5xx, dropped connections);
+    `AWS_MAX_ATTEMPTS`, when set, decides the number of attempts instead (botocore reads it)."""
+    import os
+
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", config=Config(retries={"max_attempts": max_attempts, "mode": "adaptive"}))
+    retries = {"mode": "adaptive"} if os.environ.get("AWS_MAX_ATTEMPTS") else {"max_attempts": max_attempts, "mode": "adaptive"}
+    return boto3.client("s3", config=Config(retries=retries))
+
+
+def s3_failure(err: Exception, what: str, address: str) -> StorageError:
+    """One message for a failed S3 call: what was asked, of which address, and what to set or check."""
+    from boto3.exceptions import S3TransferFailedError, S3UploadFailedError
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, PartialCredentialsError
+
+    if isinstance(err, (NoCredentialsError, PartialCredentialsError)):
+        return StorageError(f"could not {what} {address}: no AWS credentials found ({err}); set AWS_ACCESS_KEY_ID and "
+                            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or run where a role provides them (IRSA on the cluster)")
+    if isinstance(err, EndpointConnectionError):
+        endpoint = err.kwargs.get("endpoint_url", "the S3 endpoint")
+        return StorageError(f"could not {what} {address}: cannot connect to {endpoint}; check AWS_ENDPOINT_URL "
+                            "(or AWS_ENDPOINT_URL_S3) and AWS_DEFAULT_REGION, and that the object store is reachable from here")
+    if isinstance(err, ClientError):
+        code = err.response.get("Error", {}).get("Code", "?")
+        return StorageError(f"S3 refused to {what} {address} ({code}: {err.response.get('Error', {}).get('Message', '')})")
+    if isinstance(err, (S3UploadFailedError, S3TransferFailedError)):  # upload_file/download_file wrap the cause
+        return StorageError(f"could not {what} {address}: {str(err).split(': ', 1)[-1]}")
+    return StorageError(f"could not {what} {address}: {err}")
 
 
 def _transfer_config(part_bytes: int):
@@ -79,13 +106,8 @@ class S3CheckpointStore:
 
         try:
             return fn(*args, **kwargs)
-        except (S3UploadFailedError, S3TransferFailedError) as err:  # upload_file/download_file wrap the cause
-            raise StorageError(f"could not {what}: {str(err).split(': ', 1)[-1]}") from None
-        except ClientError as err:
-            code = err.response.get("Error", {}).get("Code", "?")
-            raise StorageError(f"S3 refused to {what} ({code}: {err.response.get('Error', {}).get('Message', '')})") from None
-        except BotoCoreError as err:
-            raise StorageError(f"could not {what}: {err}") from None
+        except (S3UploadFailedError, S3TransferFailedError, ClientError, BotoCoreError) as err:
+            raise s3_failure(err, what, f"in {self.uri}") from None
 
     # ---- upload --------------------------------------------------------------------------------------
     def upload(self, checkpoint: Path, name: str | None = None) -> str:
@@ -100,8 +122,7 @@ class S3CheckpointStore:
                 raise StorageError(f"not uploading {checkpoint}: {problem}")
             manifest = json.loads((checkpoint / MANIFEST).read_text())
         else:
-            manifest = {"files": {str(p.relative_to(checkpoint)): sha256_file(p)
-                                  for p in sorted(checkpoint.rglob("*")) if p.is_file()}}
+            manifest = {"files": check_file_list(manifest_of(checkpoint, MANIFEST), f"the files of {checkpoint}")}
         for rel in sorted(manifest["files"]):
             self._call(f"upload {rel}", self.client.upload_file, str(checkpoint / rel), self.bucket,
                        self._key(name, rel), Config=_transfer_config(self.part_bytes))
@@ -118,13 +139,13 @@ class S3CheckpointStore:
         for page in pages:
             for cp in page.get("CommonPrefixes", []):
                 name = cp["Prefix"][len(base):].strip("/")
-                m = _STEP.match(name)
+                m = _STEP.fullmatch(name)
                 if m:
                     found.append((int(m.group(1)), name))
         return sorted(found)
 
     def _has_manifest(self, name: str) -> bool:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(name, MANIFEST))
@@ -132,7 +153,9 @@ class S3CheckpointStore:
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
-            raise StorageError(f"S3 refused to read {self._key(name, MANIFEST)} ({err})") from None
+            raise s3_failure(err, "read", f"{self.uri}/{name}/{MANIFEST}") from None
+        except BotoCoreError as err:
+            raise s3_failure(err, "read", f"{self.uri}/{name}/{MANIFEST}") from None
 
     def complete(self) -> list[tuple[int, str]]:
         """(step, folder name) of every checkpoint whose manifest is there, oldest first."""
@@ -144,20 +167,22 @@ class S3CheckpointStore:
 
     # ---- download ------------------------------------------------------------------------------------
     def download(self, name: str, target: Path) -> Path:
-        """Fetch checkpoint `name` into `target` (atomically), every file checked against the manifest."""
+        """Fetch checkpoint `name` into `target` (atomically): exactly the files its manifest lists, each
+        checked against its sha256 there (integrity.py), or nothing."""
+        address = f"{self.uri}/{name}/{MANIFEST}"
         body = self._call(f"read {name}'s manifest", self.client.get_object, Bucket=self.bucket, Key=self._key(name, MANIFEST))
-        manifest = json.loads(body["Body"].read())
+        raw = self._call(f"read {name}'s manifest", body["Body"].read)
+        files = parse_manifest(raw, address)  # a non-empty mapping of paths inside the folder, or an error
         with atomic_directory(Path(target), overwrite=True) as tmp:
-            for rel, digest in sorted(manifest["files"].items()):
+            for rel in sorted(files):
                 dest = tmp / rel
-                if not dest.resolve().is_relative_to(tmp.resolve()):
-                    raise StorageError(f"{name}'s manifest names {rel!r}, outside the checkpoint: refusing it")
+                if not dest.resolve().is_relative_to(tmp.resolve()):  # e.g. through a symbolic link
+                    raise StorageError(f"{address} names {rel!r}, outside the checkpoint: refusing it")
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 self._call(f"download {rel}", self.client.download_file, self.bucket, self._key(name, rel), str(dest),
                            Config=_transfer_config(self.part_bytes))
-                if sha256_file(dest) != digest:
-                    raise StorageError(f"{self.uri}/{name}/{rel} does not match its sha256 in the manifest")
-            (tmp / MANIFEST).write_text(json.dumps(manifest))
+            check_folder(tmp, files, address, MANIFEST)
+            (tmp / MANIFEST).write_bytes(raw)
         return Path(target)
 
     # ---- prune ---------------------------------------------------------------------------------------
@@ -189,7 +214,7 @@ def read_json(address: str, client=None) -> dict | None:
     if not is_s3(address):
         path = Path(address)
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split_s3(address)
     client = client or s3_client()
@@ -198,7 +223,9 @@ def read_json(address: str, client=None) -> dict | None:
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
-        raise StorageError(f"S3 refused to read {address} ({err.response.get('Error', {}).get('Code')})") from None
+        raise s3_failure(err, "read", address) from None
+    except BotoCoreError as err:
+        raise s3_failure(err, "read", address) from None
 
 
 def write_json(address: str, data: dict, client=None) -> None:
@@ -216,7 +243,7 @@ def write_json(address: str, data: dict, client=None) -> None:
     try:
         client.put_object(Bucket=bucket, Key=key, Body=text.encode(), ContentType="application/json")
     except (ClientError, BotoCoreError) as err:
-        raise StorageError(f"could not write {address}: {err}") from None
+        raise s3_failure(err, "write", address) from None
 
 
 class CheckpointMirror:

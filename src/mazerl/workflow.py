@@ -238,8 +238,9 @@ def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict
 def evaluation_limits(data_dir: str, splits: list[str], heldout: int, other: int, reference: int = 0) -> dict[str, int]:
     """Split -> how many of its mazes to play; the reference splits (named in the manifest) are
     absent, i.e. played in full, unless `reference` > 0."""
-    manifest = Path(data_dir) / "manifest.json"
-    references = set(json.loads(manifest.read_text())["config"].get("reference_splits", {})) if manifest.exists() else set()
+    from .mazes.splits import read_manifest, reference_splits
+
+    references = reference_splits(read_manifest(data_dir))
     limits = {}
     for name in splits:
         if name not in references:
@@ -252,7 +253,7 @@ def evaluation_limits(data_dir: str, splits: list[str], heldout: int, other: int
 def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_mazes: int,
              training_log: str | None = None, reference_mazes: int = 0, label: str = "evaluate") -> dict:
     """Greedy evaluation of every frozen split: `heldout_mazes` of heldout, `other_mazes` of each other
-    generated split, and the VisGym reference splits in full (their fixed 64) unless `reference_mazes` > 0."""
+    generated split, and the VisGym reference splits in full (all their mazes) unless `reference_mazes` > 0."""
     from .evaluation.runner import EvalConfig
     from .evaluation.runner import evaluate as run_eval
     from .policy.config import PolicyConfig

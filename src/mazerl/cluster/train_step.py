@@ -74,8 +74,9 @@ def train_on_rayjob(profile: Profile, run_id: str, model: str, data_dir: str, co
     copying the model and metrics into `out_dir` as well, for the pipeline UI's lineage."""
     from ..metrics import read_metrics
     from .launcher import RayJobLauncher, custom_objects_api
-    from .rayjob import build_rayjob
+    from .rayjob import build_rayjob, check_run_id
 
+    check_run_id(run_id)  # it names the run directory, the S3 prefix and the job's label: checked before any of them
     run, config_path = stage_run(profile, run_id, model, data_dir, config, extra or {})
     manifest = build_rayjob(profile, str(config_path), run_id)
     if profile.sagemaker is not None and profile.sagemaker.cluster_name:
@@ -117,5 +118,7 @@ def hand_back(grpo_dir: Path, out_dir: str, pointer: dict) -> None:
 def cancel_run(profile: Profile, run_id: str, api=None, log: Callable[[str], None] = print) -> list[str]:
     """The exit handler's part: delete every RayJob of this run that is still there."""
     from .launcher import RayJobLauncher, custom_objects_api
+    from .rayjob import check_run_id
 
+    check_run_id(run_id)  # it goes into a label selector: an empty or odd one would select other runs' jobs
     return RayJobLauncher(api or custom_objects_api(), profile.namespace, log=log).cancel_run(run_id)

@@ -30,7 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..atomic import write_json
-from ..rl.checkpoint import MANIFEST, CheckpointMismatchError, sha256_file, verify
+from ..integrity import manifest_of
+from ..rl.checkpoint import MANIFEST, CheckpointMismatchError, verify
 
 STATE = "state.json"
 
@@ -56,17 +57,21 @@ def save_sharded(target: str | Path, model, optimizer, scheduler, state: dict, r
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.save(sharded, checkpoint_id=str(tmp / "dcp"), no_dist=not _distributed())
-    torch.save({"scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / _rank_file(rank))
-    _barrier()  # every shard is on disk before the manifest says the checkpoint exists
-    if rank == 0:
-        write_json(tmp / STATE, {**state, "world_size": world_size})
-        files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        write_json(tmp / MANIFEST, {"step": state.get("step"), "files": files})
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+    try:
+        sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        dcp.save(sharded, checkpoint_id=str(tmp / "dcp"), no_dist=not _distributed())
+        torch.save({"scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / _rank_file(rank))
+        _barrier()  # every shard is on disk before the manifest says the checkpoint exists
+        if rank == 0:
+            write_json(tmp / STATE, {**state, "world_size": world_size})
+            write_json(tmp / MANIFEST, {"step": state.get("step"), "files": manifest_of(tmp, MANIFEST)})
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+    except BaseException:  # a failed write or an interrupt (Ctrl-C, SIGTERM) leaves no half-written folder
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _barrier()
     return target
 

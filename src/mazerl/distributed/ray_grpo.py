@@ -278,6 +278,10 @@ class RolloutWorker:
 
 class RayGRPO(GRPODriver):
     def __init__(self, cfg: GRPOConfig, on_step=None):
+        from ..rl.common import refuse_inputs_in_run_files
+        from ..rl.trainer import RUN_FILES
+
+        refuse_inputs_in_run_files(cfg, RUN_FILES)  # before any work: the run may replace these files
         self.cfg, self.on_step = cfg, on_step
         self.out = Path(cfg.output_dir)
         self.step = 0
@@ -443,10 +447,10 @@ class RayGRPO(GRPODriver):
 
     def resume(self, how: str, overwrite: bool = False) -> int | None:
         """Where the run starts: the same rules as in process (`rl.trainer.start_point`)."""
+        from ..rl.common import training_inputs
         from ..rl.trainer import start_point
 
-        path = start_point(how, self.out, self.checkpoints, self.mirror,
-                           {"train_data": self.cfg.train_data, "eval_data": self.cfg.eval_data}, overwrite)
+        path = start_point(how, self.out, self.checkpoints, self.mirror, training_inputs(self.cfg), overwrite)
         if path is None:
             return None
         state = self._on_all_ranks("load_checkpoint", str(path))[0]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..mazes.dataset_io import maze_key
 from ..mazes.layout import MazeError
 from .runner import load_episodes
 from .stats import Z95, mcnemar_exact, paired_comparison
@@ -31,8 +32,7 @@ def _keyed(episodes: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         raise MazeError(f"{where} was written by an older mazerl (its episodes lack {', '.join(missing)}); "
                         "evaluate again to compare it")
     g = episodes[episodes.greedy].copy()
-    g["maze_key"] = [f"{h}|{tuple(int(x) for x in s)}|{tuple(int(x) for x in e)}"
-                     for h, s, e in zip(g.layout_hash, g.start, g.goal)]
+    g["maze_key"] = [maze_key(h, s, e) for h, s, e in zip(g.layout_hash, g.start, g.goal)]
     return g
 
 
@@ -41,7 +41,13 @@ def _check_same_settings(base_dir: Path, new_dir: Path) -> None:
     metas = []
     for d in (base_dir, new_dir):
         summary = Path(d) / "summary.json"
-        metas.append(json.loads(summary.read_text()).get("meta", {}) if summary.exists() else {})
+        try:
+            saved = json.loads(summary.read_text(encoding="utf-8")) if summary.exists() else {}
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+            raise MazeError(f"{summary} is not a JSON summary ({err}); it is damaged: evaluate again") from None
+        if not isinstance(saved, dict):
+            raise MazeError(f"{summary} is not a JSON object; it is damaged: evaluate again")
+        metas.append(saved.get("meta", {}))
     a, b = metas
     if a.get("max_turns_override") != b.get("max_turns_override"):
         raise MazeError(f"the evaluations used different turn budgets (--max-turns {a.get('max_turns_override')} vs "

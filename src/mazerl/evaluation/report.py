@@ -82,6 +82,26 @@ TRAINING_PANELS = (
 )
 
 
+def check_training_curve(metrics: list[dict], path) -> None:
+    """Every record that holds a figure the curve plots has a whole-number `step`, and the figures are
+    numbers (null stands for a non-finite value): checked before an evaluation plays, not after."""
+    from ..metrics import MetricsFileError
+
+    plotted = [key for _, series in TRAINING_PANELS for key, _ in series]
+    for number, record in enumerate(metrics, start=1):
+        keys = [k for k in plotted if k in record]
+        if not keys:
+            continue
+        step = record.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise MetricsFileError(f"{path}: record {number} has {keys[0]} but no whole-number step (step = {step!r}); "
+                                   "every record of a training log needs its step")
+        for key in keys:
+            value = record[key]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise MetricsFileError(f"{path}: record {number} (step {step}): {key} = {value!r} is not a number")
+
+
 def _curve(metrics: list[dict]) -> bytes | None:
     panels = [(title, [(label, [(r["step"], r[key]) for r in metrics if key in r]) for key, label in series])
               for title, series in TRAINING_PANELS]

@@ -18,16 +18,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..atomic import atomic_directory, check_output_dir, refuse_inputs_inside, write_json
+from ..atomic import atomic_directory, check_output_dir, existing_path, refuse_inputs_inside, resolve_path, write_json
 from ..envs.agents import as_reply, oracle_action, random_action
 from ..envs.maze_env import EnvConfig, MazeEnv
-from ..mazes.dataset_io import read_split, records
+from ..mazes.dataset_io import check_unique_mazes, read_split, records
 from ..mazes.layout import MazeError
+from ..config import Seed, Temperature, TurnBudget
 from ..mazes.seeding import derive_seed
 from ..policy.config import PolicyConfig
 from ..rollout.multiturn import items_from_split, rollout
 from .episodes import episode_row
-from .report import write_eval_report
+from .report import check_training_curve, write_eval_report
 from .summary import summarise
 
 
@@ -39,9 +40,9 @@ class EvalConfig(BaseModel):
     data: list[str] = Field(min_length=1, description="split parquet files")
     out: str
     samples: int = Field(0, ge=0, description="sampled episodes per maze on top of the greedy one")
-    temperature: float = Field(1.0, gt=0.0)
-    max_turns: int | None = Field(None, ge=1, description="override every split's own turn budget")
-    seed: int = Field(0, ge=0)
+    temperature: Temperature = Field(1.0, description="of the sampled episodes (the greedy one is separate)")
+    max_turns: TurnBudget | None = Field(None, description="override every split's own turn budget")
+    seed: Seed = 0
     env: EnvConfig = EnvConfig()
     limits: dict[str, int] = Field(default_factory=dict, description="split name -> evaluate only its first N mazes")
     overwrite: bool = False
@@ -73,9 +74,11 @@ MAX_SAMPLES = 10_000
 
 
 def _load_splits(paths: list[str]) -> list[pd.DataFrame]:
+    """Each split once, each maze once: a file given twice, two files of one split, or one maze under
+    several ids would be counted more than once and narrow every interval."""
     seen: dict[Path, str] = {}
     for p in paths:
-        key = Path(p).resolve()
+        key = resolve_path(p)
         if key in seen:
             raise MazeError(f"--data {p} is given twice (as {seen[key]!r} and {p!r}): each maze would count twice")
         seen[key] = p
@@ -90,6 +93,7 @@ def _load_splits(paths: list[str]) -> list[pd.DataFrame]:
             raise MazeError(f"--data {names[name]} and {p} are both split {name!r}: their results would be mixed; "
                             "give each split once")
         names[name] = p
+        check_unique_mazes(df, p)
         frames.append(df)
     return frames
 
@@ -109,10 +113,19 @@ def check_episode_budget(mazes: int, samples: int) -> None:
 
 def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = None) -> dict:
     """Run the evaluation; the output directory appears complete (summary last) or not at all."""
-    check_output_dir(cfg.out, overwrite=cfg.overwrite)
-    refuse_inputs_inside(cfg.out, {"--training-log": metrics_log})
+    # every input is checked before anything is played: none may lie in the output (--overwrite
+    # replaces it), and a damaged training log is found now, not after every maze was played
+    refuse_inputs_inside(cfg.out, {"--model": existing_path(cfg.model.model) if cfg.model else None,
+                                   "--training-log": metrics_log})
     for d in cfg.data:
         refuse_inputs_inside(cfg.out, {"--data": d})
+    check_output_dir(cfg.out, overwrite=cfg.overwrite)
+    metrics = None
+    if metrics_log is not None:
+        from ..metrics import read_metrics
+
+        metrics = read_metrics(metrics_log)
+        check_training_curve(metrics, metrics_log)
     frames = _load_splits(cfg.data)
     started = time.perf_counter()
     rows: list[dict] = []
@@ -167,11 +180,6 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
         "samples": cfg.samples, "temperature": cfg.temperature, "episodes": len(rows),
         "seconds": seconds, "episodes_per_s": len(rows) / max(seconds, 1e-9),
     }
-    metrics = None
-    if metrics_log is not None:
-        from ..metrics import read_metrics
-
-        metrics = read_metrics(metrics_log)
     with atomic_directory(cfg.out, overwrite=cfg.overwrite) as tmp:
         pq.write_table(pa.Table.from_pandas(episodes, preserve_index=False), tmp / "episodes.parquet")
         write_eval_report(tmp, summary, episodes, metrics)
@@ -198,8 +206,39 @@ def _sampled_runs(tp, cfg: EvalConfig, items, progress, split: str) -> list[tupl
     return [(k + 1, False, stats) for k, stats in enumerate(per_sample)]
 
 
+def _is_text(t) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_list(t) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+# What reading an evaluation back needs from episodes.parquet: column -> (kind, test on its arrow type).
+EPISODE_COLUMNS = {
+    "maze_id": ("text", _is_text), "split": ("text", _is_text), "layout_hash": ("text", _is_text),
+    "start": ("list", _is_list), "goal": ("list", _is_list),
+    "greedy": ("true/false", pa.types.is_boolean), "success": ("true/false", pa.types.is_boolean),
+    "loop": ("true/false", pa.types.is_boolean), "max_turns": ("whole number", pa.types.is_integer),
+    "steps_over_optimal": ("number", lambda t: pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)),
+}
+
+
 def load_episodes(eval_dir: str | Path) -> pd.DataFrame:
+    """An evaluation's episodes, refused with the file's name when it is damaged or not one mazerl wrote."""
     path = Path(eval_dir) / "episodes.parquet"
     if not path.exists():
         raise MazeError(f"{eval_dir} is not an evaluation directory (no episodes.parquet)")
-    return pq.read_table(path).to_pandas()
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as err:
+        raise MazeError(f"{path} is not a readable parquet file ({err}); it is damaged: evaluate again") from None
+    missing = [c for c in EPISODE_COLUMNS if c not in table.column_names]
+    if missing:
+        raise MazeError(f"{path} is not an episodes table of this mazerl: it lacks {', '.join(missing)} (written by "
+                        "another program or an older mazerl?); evaluate again")
+    wrong = [f"{c} ({kind} expected, found {table.schema.field(c).type})" for c, (kind, ok) in EPISODE_COLUMNS.items()
+             if not ok(table.schema.field(c).type)]
+    if wrong:
+        raise MazeError(f"{path} has columns of the wrong type: {'; '.join(wrong)}; evaluate again")
+    return table.to_pandas()

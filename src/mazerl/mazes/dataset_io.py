@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from ..atomic import atomic_path
+from ..atomic import atomic_path, resolve_path
 from .layout import Maze, MazeError
 from .render import RenderOptions
 
@@ -73,6 +73,7 @@ def read_split(path: str | Path) -> pd.DataFrame:
     strata, the default turn budget, VisGym drawing), and every one that is present is checked against
     what the maze says. Extra columns are ignored. Any bad row is an error naming the row and the rule."""
     path = Path(path)
+    resolve_path(path)  # a loop of symbolic links is named as such, not as a missing file
     if not path.exists():
         raise MazeError(f"split file not found: {path}")
     if path.is_dir():
@@ -96,9 +97,14 @@ def read_split(path: str | Path) -> pd.DataFrame:
 _STRATA = ("dead_end_cells", "forks_on_solution", "turns_on_solution", "dead_ends_next_to_solution")
 
 
+def _is_boolean(value) -> bool:
+    """True/False (Python's or numpy's): an int subclass that must never pass for a number here."""
+    return isinstance(value, (bool, np.bool_))
+
+
 def _whole_number(value, where: str, column: str, low: int, high: int) -> int:
     """An integer cell in [low, high] (floats only when whole), or an error naming the row and column."""
-    if isinstance(value, (bool, np.bool_)) or value is None or isinstance(value, (str, bytes)):
+    if _is_boolean(value) or value is None or isinstance(value, (str, bytes)):
         raise MazeError(f"{where}: {column} must be a whole number in {low}..{high}, got {value!r}")
     try:
         f = float(value)
@@ -126,6 +132,14 @@ def _validated(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         rows = [i for i, v in enumerate(ids) if v == first]
         raise MazeError(f"{path}: maze_id {first!r} appears more than once (rows {', '.join(map(str, rows[:5]))}); "
                         "maze ids must be unique within a split")
+    if "split" not in given:
+        from .splits import check_split_name
+
+        try:  # the split is named after the file: NAME.parquet
+            check_split_name(path.stem)
+        except ValueError as err:
+            raise MazeError(f"{path}: the file name gives the split its name, and {err}; rename the file, or give "
+                            "the table a split column") from None
     render_defaults = VISGYM_RENDER.model_dump()
     derived: dict[str, list] = {c: [] for c in COLUMNS if c not in given}
     defaults = {"split": path.stem, "algorithm": "unknown", "seed": -1, "placement": "given", "source_split": None,
@@ -180,6 +194,10 @@ def _validated(df: pd.DataFrame, path: Path) -> pd.DataFrame:
             checked_render.add(render)
         for col in derived:
             derived[col].append(values[col] if col in values else defaults[col])
+    if "split" in given and df["split"].nunique() > 1:
+        names = ", ".join(repr(n) for n in sorted(df["split"].unique())[:5])
+        raise MazeError(f"{path} holds several splits ({names}): a split file holds one split, so that no evaluation "
+                        "mixes their results; write each split to its own file")
     for col, vals in derived.items():
         df[col] = vals
     for col in ("max_turns", "seed", "height", "width", "shortest_path_moves", "square_px", *_STRATA):
@@ -189,6 +207,8 @@ def _validated(df: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 
 def _is_whole(v) -> bool:
+    if _is_boolean(v):
+        return False
     try:
         return float(v) == int(float(v))
     except (TypeError, ValueError, OverflowError):
@@ -213,8 +233,9 @@ def _row_maze(row: dict, i: int, path: Path) -> Maze:
                         f"{MAX_GRID_SIDE}x{MAX_GRID_SIDE}")
     if len({len(r) for r in rows}) > 1:
         raise MazeError(f"{where}: grid must be rectangular (every row the same length)")
-    if any(v is None or isinstance(v, (str, bytes, float)) and not _is_whole(v) for r in rows for v in r):
-        raise MazeError(f"{where}: grid values must be 0 (floor) or 1 (wall); found an empty or non-integer value")
+    if any(v is None or _is_boolean(v) or isinstance(v, (str, bytes, float)) and not _is_whole(v) for r in rows for v in r):
+        raise MazeError(f"{where}: grid values must be 0 (floor) or 1 (wall); found an empty, True/False or "
+                        "non-integer value")
     try:
         grid = np.array(rows)
     except (TypeError, ValueError):
@@ -232,7 +253,8 @@ def _row_maze(row: dict, i: int, path: Path) -> Maze:
         except TypeError:
             ok = False
         if not ok:
-            raise MazeError(f"{where}: {name} must be [row, col] (two whole numbers), got {v!r}")
+            raise MazeError(f"{where}: {name} must be [row, col] (two whole numbers; True/False are not numbers here), "
+                            f"got {v!r}")
     start, goal = tuple(int(x) for x in row["start"]), tuple(int(x) for x in row["goal"])
     if start == goal:
         raise MazeError(f"{where}: start and goal are the same square {start}; they must differ")
@@ -240,6 +262,26 @@ def _row_maze(row: dict, i: int, path: Path) -> Maze:
         return Maze(grid=grid.astype(np.uint8), start=start, goal=goal)
     except MazeError as err:
         raise MazeError(f"{where}: {err}") from None
+
+
+def maze_key(layout_hash: str, start, goal) -> str:
+    """One maze whatever its id: its walls (up to symmetry), start and goal. Evaluations count mazes by
+    it and comparisons pair them by it."""
+    return f"{layout_hash}|{tuple(int(x) for x in start)}|{tuple(int(x) for x in goal)}"
+
+
+def check_unique_mazes(df: pd.DataFrame, path: str | Path) -> None:
+    """Refuse a split that holds one maze under several ids: each copy would be counted as another
+    maze, inflating the number of mazes and narrowing every interval computed from it."""
+    ids_of: dict[str, list[str]] = {}
+    for maze_id, h, start, goal in zip(df.maze_id, df.layout_hash, df.start, df.goal):
+        ids_of.setdefault(maze_key(h, start, goal), []).append(str(maze_id))
+    repeated = [ids for ids in ids_of.values() if len(ids) > 1]
+    if repeated:
+        shown = "; ".join(", ".join(repr(i) for i in ids[:4]) for ids in repeated[:3])
+        more = f" (and {len(repeated) - 3} more)" if len(repeated) > 3 else ""
+        raise MazeError(f"{path} holds the same maze (walls, start and goal) under several ids: {shown}{more}; each copy "
+                        "would count as another maze and make every interval too narrow: keep one row per maze")
 
 
 def row_to_maze(row) -> Maze:

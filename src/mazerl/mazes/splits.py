@@ -9,6 +9,7 @@ declared `derived_from` another (visual-shift: the same layouts drawn differentl
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 from collections.abc import Callable
@@ -16,11 +17,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Annotated, Literal
 
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .. import __version__
 from ..atomic import atomic_directory, check_output_dir, child_path, refuse_inputs_inside, write_json
-from .dataset_io import content_hash, write_split
+from ..config import Seed, TurnBudget
+from .dataset_io import check_unique_mazes, content_hash, write_split
 from .generators import GENERATORS
 from .hashing import layout_hash, walls_hash
 from .layout import Maze, MazeError, parse_size
@@ -59,7 +62,7 @@ class SplitSpec(BaseModel):
     algorithms: list[str] = Field(default_factory=lambda: ["wilson"])
     placement: Literal["visgym-corners", "random", "dead-ends"] = "visgym-corners"
     min_moves: int = Field(1, ge=1)
-    max_turns: int | None = Field(
+    max_turns: TurnBudget | None = Field(
         None, ge=2, description="turn budget; mazes it cannot solve (optimal + stop > budget) are not drawn; default max(2*optimal, optimal+10)"
     )
     render: list[RenderOptions] = Field(default_factory=lambda: [RenderOptions()], min_length=1)
@@ -100,17 +103,18 @@ class DatasetConfig(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    eval_seed: int = Field(0, ge=0, description="seeds every evaluation split (kept fixed across runs)")
-    train_seed: int = Field(0, ge=0, description="seeds the train split (new per retraining run)")
+    eval_seed: Seed = Field(0, description="seeds every evaluation split (kept fixed across runs)")
+    train_seed: Seed = Field(0, description="seeds the train split (new per retraining run)")
     dedup: Literal["walls", "layout"] = Field(
         "walls", description="'walls': same walls up to symmetry = same layout (strict); 'layout': walls+start+goal"
     )
     reference_splits: dict[str, str] = Field(
-        default_factory=lambda: {"visgym-easy-64": "maze_2d/easy", "visgym-hard-64": "maze_2d/hard"},
-        description="split name -> VisGym env_id, imported from the --reference file",
+        default_factory=lambda: {"visgym-easy": "maze_2d/easy", "visgym-hard": "maze_2d/hard"},
+        description="base name -> VisGym env_id, imported from the --reference file; the split is named after its "
+        "real size, BASE-N for N mazes (the shipped recording gives visgym-easy-64 and visgym-hard-64)",
     )
     splits: dict[str, SplitSpec]
-    attempts_per_maze: int = Field(30, ge=1, description="give up after count*this draws without enough unique layouts")
+    attempts_per_maze: int = Field(30, ge=1, le=10_000, description="give up after count*this draws without enough unique layouts")
 
     @model_validator(mode="after")
     def _check(self):
@@ -131,6 +135,16 @@ class DatasetConfig(BaseModel):
     def _names(cls, v: dict):
         for name in v:
             check_split_name(name)
+        return v
+
+    @field_validator("reference_splits")
+    @classmethod
+    def _base_names(cls, v: dict):
+        for name in v:
+            if re.search(r"-\d+$", name):
+                raise ValueError(f"reference split {name!r} ends in a count: give its base name "
+                                 f"({re.sub(r'-[0-9]+$', '', name)!r}); the split is named after the mazes the "
+                                 "reference file really holds (BASE-N)")
         return v
 
     @classmethod
@@ -302,10 +316,20 @@ def _derive_split(name: str, spec: SplitSpec, source_rows: list[dict], base_seed
     return rows
 
 
-def _reference_rows(name: str, env_id: str, path: Path, episodes) -> list[dict]:
+def reference_split_name(base: str, mazes: int) -> str:
+    """A reference split is named after its real size: BASE-N (visgym-easy-64 for the shipped recording)."""
+    name = f"{base}-{mazes}"
+    try:
+        return check_split_name(name)
+    except ValueError as err:
+        raise MazeError(f"reference split {base!r} with {mazes} mazes: {err}") from None
+
+
+def _reference_rows(base: str, env_id: str, path: Path, episodes) -> tuple[str, list[dict]]:
     chosen = sorted((e for e in episodes if e.env_id == env_id), key=lambda e: e.seed)
     if not chosen:
-        raise MazeError(f"reference file {path} has no episodes of {env_id!r} for split {name!r}")
+        raise MazeError(f"reference file {path} has no episodes of {env_id!r} for split {base!r}")
+    name = reference_split_name(base, len(chosen))
     rows = []
     for ep in chosen:
         maze_id = f"{name}-seed{ep.seed:03d}"
@@ -313,7 +337,9 @@ def _reference_rows(name: str, env_id: str, path: Path, episodes) -> list[dict]:
         # (VisGym's hard mazes need up to 32 moves).
         budget = VISGYM_MAX_TURNS if ep.env_id == "maze_2d/easy" else None
         rows.append(_row(maze_id, name, ep.maze, "visgym-corners", budget, RenderOptions()))
-    return rows
+    # two seeds that drew the same maze would count it twice in every evaluation of the split
+    check_unique_mazes(pd.DataFrame(rows), f"reference file {path} ({env_id})")
+    return name, rows
 
 
 def generate_dataset(
@@ -350,13 +376,18 @@ def generate_dataset(
     if reference is not None:
         reference = Path(reference)
         episodes = load_visgym_fixture(reference)
-        for name, env_id in config.reference_splits.items():
-            rows = _reference_rows(name, env_id, reference, episodes)
+        imported: dict[str, str] = {}
+        for base, env_id in config.reference_splits.items():
+            name, rows = _reference_rows(base, env_id, reference, episodes)
+            if name in config.splits:
+                raise MazeError(f"split {name!r} is both generated and imported from the reference file {reference}; "
+                                "rename the generated split")
             for r in rows:  # reserved: nothing generated may repeat a reference maze
                 seen.add((r["walls_hash"], r["layout_hash"])[key])
             results[name] = rows
+            imported[name] = env_id
             tick(name, len(rows))(len(rows))
-        reference_info = {"path": str(reference), "file_sha256": _sha256_file(reference)}
+        reference_info = {"path": str(reference), "file_sha256": _sha256_file(reference), "splits": imported}
     elif config.reference_splits:
         notices.append(
             f"no --reference file given: reference split(s) {', '.join(config.reference_splits)} left out"
@@ -405,6 +436,36 @@ def generate_dataset(
         )
         write_json(tmp / MANIFEST, manifest)  # last: a directory with a manifest is complete
     return manifest
+
+
+def read_manifest(data_dir: str | Path) -> dict | None:
+    """A dataset's manifest.json (None when the directory has none); a damaged one is an error naming it."""
+    path = Path(data_dir) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise MazeError(f"{path} is not UTF-8 text (byte {err.start}); the dataset manifest is damaged: "
+                        "generate the dataset again") from None
+    except ValueError as err:  # json.JSONDecodeError
+        raise MazeError(f"{path} is not valid JSON ({err}); the dataset manifest is damaged: generate the dataset again") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config", {}), dict) or not isinstance(
+            manifest.get("reference") or {}, dict):
+        raise MazeError(f"{path} is not a dataset manifest (a JSON object with config and splits): generate the dataset again")
+    return manifest
+
+
+def reference_splits(manifest: dict | None) -> set[str]:
+    """The names of a dataset's VisGym reference splits, as its manifest records them."""
+    if not manifest:
+        return set()
+    recorded = (manifest.get("reference") or {}).get("splits")
+    if isinstance(recorded, dict):
+        return set(recorded)
+    # manifests written before reference splits were named after their size: the config's names
+    names = manifest.get("config", {}).get("reference_splits") or {}
+    return set(names) if isinstance(names, dict) else set()
 
 
 def _sha256_file(path: Path) -> str:

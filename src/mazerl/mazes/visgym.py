@@ -59,8 +59,9 @@ class VisGymEpisode:
 
 
 def _pair(value: object, where: str) -> tuple[int, int]:
-    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)):
-        raise FixtureError(f"{where} must be [row, col] (two integers), got {value!r}")
+    # bool is an int subclass: [true, true] must not pass for (1, 1)
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise FixtureError(f"{where} must be [row, col] (two integers; true/false are not numbers here), got {value!r}")
     return value[0], value[1]
 
 
@@ -107,6 +108,8 @@ def load_visgym_fixture(path: str | Path) -> list[VisGymEpisode]:
         if not isinstance(rows, list) or not rows or len(rows) > MAX_GRID_SIDE or not all(
                 isinstance(r, list) and 0 < len(r) <= MAX_GRID_SIDE for r in rows):
             raise FixtureError(f"{where}.maze_map must be a list of rows of 0/1, at most {MAX_GRID_SIDE}x{MAX_GRID_SIDE}")
+        if any(isinstance(v, bool) for r in rows for v in r):
+            raise FixtureError(f"{where}.maze_map must hold 0 (floor) and 1 (wall), not true/false")
         try:
             grid = np.asarray(rows, dtype=np.int64)
         except (ValueError, TypeError):

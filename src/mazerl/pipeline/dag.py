@@ -1,7 +1,7 @@
 """The mazerl DAG:
     draw_train_seed -> generate_mazes -> resolve_model -> warm_start (off for tiny-base) -> [evaluate (baseline)]
                                                   -> train_grpo -> [evaluate (trained)]
-                   -> compare -> If(improved == 1) -> promote
+                   -> compare -> If(compare's output == 1) -> promote
     inside an ExitHandler whose cleanup deletes launched resources (nothing locally).
 
 Generation is cached (same preset + seeds = same splits); training and evaluation are not.
@@ -60,7 +60,7 @@ def build_pipeline(profile: Profile):
             trained.set_display_name("evaluate-trained")
             decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
                                         min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)
-            with dsl.If(decision.outputs["improved"] == 1, name="improved"):
+            with dsl.If(decision.outputs["Output"] == 1, name="improved"):
                 promote = comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
                                  comparison=decision.outputs["result"],
                                  run_id=run_id, profile=profile_json).set_retry(2)

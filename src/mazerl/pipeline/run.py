@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,29 @@ def compile_pipeline(profile: Profile, out: str | Path) -> Path:
     return out
 
 
+def _python_in_command_only(full_command: list[str], new_executable: str) -> list[str]:
+    """kfp.local's SubprocessRunner points a task at this interpreter by replacing the string `python3`
+    in every element of its command line, the executor input (parameter values, artifact paths)
+    included: a path such as `.../lib/python3.11/site-packages/mazerl/assets/tiny-base` came out as
+    `.../lib/<interpreter>.11/...`. Only the elements before the component's own code are the command
+    that starts Python; everything after it is data and is passed through untouched."""
+    user_code = next((i + 1 for i, el in enumerate(full_command)
+                      if '"$program_path/ephemeral_component.py"' in el and '"$@"' in el), len(full_command))
+    return [el.replace("python3", new_executable) if i < user_code else el for i, el in enumerate(full_command)]
+
+
+@contextmanager
+def _values_passed_intact():
+    from kfp.local import subprocess_task_handler
+
+    original = subprocess_task_handler.replace_python_executable
+    subprocess_task_handler.replace_python_executable = _python_in_command_only
+    try:
+        yield
+    finally:
+        subprocess_task_handler.replace_python_executable = original
+
+
 def run_local(profile: Profile, pipeline_root: str | Path, arguments: dict) -> object:
     """Run the whole DAG as subprocesses of this Python (no Docker, no Kubernetes)."""
     import warnings
@@ -58,7 +82,8 @@ def run_local(profile: Profile, pipeline_root: str | Path, arguments: dict) -> o
     # kfp.local says so for every cluster-only setting (display names, resources): expected here
     warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
-    return build_pipeline(profile)(**arguments)
+    with _values_passed_intact():
+        return build_pipeline(profile)(**arguments)
 
 
 def check_arguments(profile: Profile, arguments: dict) -> dict:
@@ -93,3 +118,23 @@ def run_local_logged(profile: Profile, root: Path, arguments: dict, verbose: boo
         result.log = result.log.replace(result.run_dir / "pipeline.log")
         result.task_logs = split_task_logs(result.log, result.run_dir)
     return result
+
+
+def promotion_of_run(run_dir: Path, registry_root: str) -> dict | None:
+    """What the run's promote step did: the registry entry it wrote, or None when the step did not
+    run. The console reports this, never compare's decision alone: a decision to promote that no
+    promote step carried out is a failure, not a promotion."""
+    import json
+
+    from ..config import ConfigError
+    from ..workflow import read_registry
+
+    output = run_dir / "promote" / "executor_output.json"
+    if not output.is_file():
+        return None
+    promoted = json.loads(output.read_text(encoding="utf-8"))["parameterValues"]["Output"]
+    entry = read_registry(registry_root)
+    if not entry or entry.get("model") != promoted:
+        raise ConfigError(f"the promote step reported {promoted}, but the registry {registry_root} points at "
+                          f"{(entry or {}).get('model', 'nothing')}: another run may have promoted since")
+    return entry

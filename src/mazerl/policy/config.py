@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..rollout.engine import SamplingParams
 from ..rollout.multiturn import HistoryConfig
@@ -17,8 +17,9 @@ class VLLMSettings(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    max_model_len: int = Field(4096, ge=64, description="longest prompt + reply, in tokens")
-    max_images_per_prompt: int = Field(8, ge=1, description="images one prompt may carry (history.images + 1 is enough)")
+    # upper bounds: vLLM refuses more only when the engine starts, on the GPU
+    max_model_len: int = Field(4096, ge=64, le=1_048_576, description="longest prompt + reply, in tokens")
+    max_images_per_prompt: int = Field(8, ge=1, le=1_024, description="images one prompt may carry (history.images + 1 is enough)")
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="GPU share vLLM may take (colocated: leave room for training)")
     enable_sleep_mode: bool = Field(False, description="sleep during updates (GPU only; colocated mode)")
 
@@ -30,7 +31,7 @@ class PolicyConfig(BaseModel):
 
     model: str = Field(description="model directory or hub id (cluster: Qwen/Qwen3-VL-8B-Instruct)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
+    device: str = Field("cpu", description="cpu, cuda or cuda:N; a GPU is looked for when the model is opened")
     prompt: Literal["full", "short"] = Field("full", description="system prompt; 'short' saves tokens for the tiny model")
     history: HistoryConfig = HistoryConfig()
     render_scale: float = Field(1.0, gt=0.0, le=8.0, description="draw mazes at square_px x this (tiny model: 1.28 -> 32 px)")
@@ -56,6 +57,13 @@ class PolicyConfig(BaseModel):
     def view(self) -> dict:
         """How this policy sees mazes; saved beside trained weights so evaluation uses the same view."""
         return self.model_dump(mode="json", include=set(self.VIEW_FIELDS))
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, device: str) -> str:
+        from ..policy.loading import check_device_name
+
+        return check_device_name(device)
 
     @model_validator(mode="before")
     @classmethod
@@ -114,7 +122,7 @@ class PolicyConfig(BaseModel):
 class LoraSettings(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
+    r: int = Field(16, ge=1, le=4_096, description="rank (above the model's hidden size it adds nothing but memory)")
+    alpha: int = Field(32, ge=1, le=65_536, description="scale alpha / r of the adapter's update")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])

@@ -1,4 +1,4 @@
-"""Open any Qwen-VL-family model and its processor, from a local directory or a hub id.
+"""Open a Qwen3-VL model and its processor, from a local directory or a hub id.
 
 The tiny CPU model and `Qwen/Qwen3-VL-8B-Instruct` go through the same two calls:
 `AutoModelForImageTextToText.from_pretrained` and `AutoProcessor.from_pretrained`. The name
@@ -7,6 +7,7 @@ The tiny CPU model and `Qwen/Qwen3-VL-8B-Instruct` go through the same two calls
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,9 @@ DEFAULT_CLUSTER_MODEL = "Qwen/Qwen3-VL-8B-Instruct"
 PACKAGED_MODELS = {"tiny-base": "tiny-base"}
 PROVENANCE_FILE = "provenance.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The architectures the chat format, the tiny builder and the trainers are written for (config.json's model_type).
+SUPPORTED_MODEL_TYPES = {"qwen3_vl": "Qwen3-VL"}
+DEVICE_NAME = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 class PolicyLoadError(UserError, ValueError):
@@ -50,6 +54,71 @@ def _check_local_dir(path: Path) -> None:
         )
     if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
         raise PolicyLoadError(f"{path} has no tokenizer (tokenizer.json / tokenizer_config.json)")
+    check_architecture(path / "config.json")
+    for weights in sorted(path.glob("*.safetensors")):
+        check_weights_file(weights)
+
+
+def _supported() -> str:
+    return ", ".join(f"{name} (model_type {kind!r})" for kind, name in SUPPORTED_MODEL_TYPES.items())
+
+
+def check_architecture(config: Path) -> None:
+    """A model's config.json names an architecture mazerl can train (SUPPORTED_MODEL_TYPES)."""
+    import json
+
+    try:
+        data = json.loads(config.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise PolicyLoadError(f"{config} is not UTF-8 text (byte {err.start}): not a model config; supported: {_supported()}") from None
+    except ValueError as err:
+        raise PolicyLoadError(f"{config} is not valid JSON ({err}); supported: {_supported()}") from None
+    kind = data.get("model_type") if isinstance(data, dict) else None
+    if kind not in SUPPORTED_MODEL_TYPES:
+        found = f"model_type {kind!r}" if isinstance(data, dict) and "model_type" in data else "no model_type"
+        raise PolicyLoadError(f"{config} has {found}: mazerl supports {_supported()} models only")
+
+
+def check_weights_file(path: Path) -> None:
+    """A safetensors file whose header and tensors are all there: a truncated or damaged copy is named
+    here, not reported as a safetensors error from inside from_pretrained."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass  # opening checks the header and that the tensors it lists cover the whole file
+    except (SafetensorError, OSError) as err:
+        raise PolicyLoadError(f"{path} is damaged or truncated ({err}); copy the model again") from None
+
+
+def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, checked first (check_weights_file)."""
+    from safetensors.torch import load_file
+
+    check_weights_file(path)
+    return load_file(path)
+
+
+def check_device_name(device: str) -> str:
+    """`device` when it names a device mazerl runs on (cpu, cuda, cuda:N); whether it is here is
+    check_device's question, asked when a model is opened (a config may be written for another machine)."""
+    if not isinstance(device, str) or not DEVICE_NAME.fullmatch(device):
+        raise ValueError(f"{device!r} is not a device: allowed cpu, cuda, cuda:N (N = 0, 1, ...)")
+    return device
+
+
+def check_device(device: str) -> None:
+    """A device that is here: asking for a GPU on a machine without one is an error before any work."""
+    try:
+        kind = torch.device(check_device_name(device))
+    except ValueError as err:
+        raise PolicyLoadError(f"policy.device {err}") from None
+    if kind.type == "cuda":
+        if not torch.cuda.is_available():
+            raise PolicyLoadError(f"policy.device {device!r}: no CUDA device here; use cpu (policy.device=cpu)")
+        if kind.index is not None and kind.index >= torch.cuda.device_count():
+            raise PolicyLoadError(f"policy.device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                                  f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
 
 
 def _assets_dir() -> Path:
@@ -59,9 +128,9 @@ def _assets_dir() -> Path:
 
 
 def packaged_model_dir(name: str) -> Path:
-    """The directory of a model shipped with the package, its files checked against provenance.json."""
-    import hashlib
-    import json
+    """The directory of a model shipped with the package: exactly the files its provenance.json lists,
+    each with its sha256 (integrity.py)."""
+    from ..integrity import ManifestError, verify_folder
 
     path = _assets_dir() / PACKAGED_MODELS[name]
     provenance = path / PROVENANCE_FILE
@@ -71,16 +140,9 @@ def packaged_model_dir(name: str) -> Path:
             f"`make tiny-base` (mazerl policy pretrain-tiny), or name another model"
         )
     try:
-        expected = json.loads(provenance.read_text(encoding="utf-8"))["files"]
-    except (ValueError, KeyError, UnicodeDecodeError) as err:
-        raise PolicyLoadError(f"{provenance} is unreadable ({err}): rebuild {name!r} with `make tiny-base`") from None
-    for filename, digest in sorted(expected.items()):
-        f = path / filename
-        if not f.is_file():
-            raise PolicyLoadError(f"{name!r} is damaged: {f} is missing; rebuild it with `make tiny-base`")
-        if hashlib.sha256(f.read_bytes()).hexdigest() != digest:
-            raise PolicyLoadError(f"{name!r} is damaged: {f} does not match its sha256 in {PROVENANCE_FILE}; "
-                                  "reinstall mazerl or rebuild it with `make tiny-base`")
+        verify_folder(path, PROVENANCE_FILE)
+    except ManifestError as err:
+        raise PolicyLoadError(f"{name!r} is damaged: {err}; reinstall mazerl or rebuild it with `make tiny-base`") from None
     return path
 
 
@@ -126,6 +188,7 @@ def load_policy(path_or_id: str | Path, dtype: str = "float32", device: str = "c
 
     if dtype not in DTYPES:
         raise PolicyLoadError(f"unknown dtype {dtype!r}: allowed {', '.join(DTYPES)}")
+    check_device(device)
     source = resolve_model_name(path_or_id)
     if looks_like_local_path(source):
         _check_local_dir(Path(source).expanduser())

@@ -4,16 +4,32 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..atomic import existing_path, refuse_inputs_inside
 from ..envs.maze_env import EnvConfig
 from ..mazes.dataset_io import read_split
 from ..policy.config import PolicyConfig
 from ..policy.trainable import TrainablePolicy
 from ..rollout.multiturn import items_from_split, rollout
 from .driver import episode_metrics
+
+
+def training_inputs(cfg) -> dict[str, str | Path | None]:
+    """What a training run reads, by setting name: its base model (when a local path), its data."""
+    return {"policy.model": existing_path(cfg.policy.model), "train_data": cfg.train_data, "eval_data": cfg.eval_data}
+
+
+def refuse_inputs_in_run_files(cfg, run_files: tuple[str, ...], extra: dict | None = None) -> None:
+    """A run replaces its own files in output_dir (`run_files`: `final/` at its end, and everything
+    with --overwrite); none of its inputs (`extra`: the config file) may lie among them. Checked
+    before any work starts."""
+    out = Path(cfg.output_dir)
+    refuse_inputs_inside(out, {**training_inputs(cfg), **(extra or {})}, replaced=[out / name for name in run_files],
+                         choose="choose another output_dir")
 
 
 def seed_everything(seed: int) -> None:

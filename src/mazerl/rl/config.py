@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..config import Seed, Temperature, TurnBudget
 from ..envs.maze_env import EnvConfig
 from ..policy.config import LoraSettings, PolicyConfig
 
 __all__ = ["GRPOConfig", "LoraSettings", "OptimConfig", "PolicyConfig", "SFTConfig"]
+
+# Upper bounds on sizes that otherwise fail only once a run has started (out of memory after the model
+# is loaded, a Ray placement that never happens, a deadline too far for a timer): far above any real run.
+MAX_MAZES_PER_STEP = 65_536
+MAX_SEQUENCES_PER_BATCH = 65_536
+MAX_GROUP_SIZE = 1_024
+MAX_MINUTES = 525_600.0  # a year
 
 
 class OptimConfig(BaseModel):
@@ -34,17 +42,25 @@ class DistributedSettings(BaseModel):
     backend: Literal["local", "ray"] = "local"
     ranks: int = Field(1, ge=1, le=1024)
     rollout_workers: int = Field(1, ge=1, le=1024)
-    cpus_per_actor: float = Field(1.0, gt=0.0, description="Ray CPUs each rank and rollout actor asks for")
-    gpus_per_rank: float = Field(0.0, ge=0.0, description="Ray GPUs per training rank (0: CPU and gloo)")
-    gpus_per_rollout_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per rollout actor in split placement")
+    cpus_per_actor: float = Field(1.0, gt=0.0, le=1024.0, description="Ray CPUs each rank and rollout actor asks for")
+    gpus_per_rank: float = Field(0.0, ge=0.0, le=16.0, description="Ray GPUs per training rank (0: CPU and gloo)")
+    gpus_per_rollout_worker: float = Field(0.0, ge=0.0, le=16.0, description="Ray GPUs per rollout actor in split placement")
     placement: Literal["split", "colocated"] = Field(
         "split", description="split: ranks and rollout actors on their own resources; colocated: rollout actor k shares "
         "rank k's bundle (its GPU), and engines that can sleep do so during updates (then rollout_workers = ranks)")
-    placement_timeout_s: float = Field(600.0, gt=0.0, description="how long to wait for Ray to place every actor")
+    placement_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0, description="how long to wait for Ray to place every actor")
     weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
         "auto", description="how updated weights reach the rollout actors: object_store (gathered on the driver, "
         "ray.put), broadcast (a process group of rank 0 and the actors: NCCL when ranks and actors have GPUs of their "
         "own, i.e. split placement, else gloo); auto: broadcast over NCCL where that applies, else object_store")
+
+    @field_validator("gpus_per_rank", "gpus_per_rollout_worker")
+    @classmethod
+    def _ray_gpu_count(cls, value: float) -> float:
+        # Ray refuses a fractional request of more than one GPU (1.5) only when it places the actor
+        if value > 1 and value != int(value):
+            raise ValueError(f"{value:g} GPUs: Ray takes a whole number of GPUs, or a fraction below 1 (to share one)")
+        return value
 
 
 class GRPOConfig(BaseModel):
@@ -56,22 +72,24 @@ class GRPOConfig(BaseModel):
     train_data: str = Field(description="train split parquet")
     eval_data: str | None = Field(None, description="split parquet for the periodic greedy evaluation")
     output_dir: str
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     steps: int = Field(100, ge=1)
-    max_minutes: float | None = Field(None, gt=0.0, description="stop (with a checkpoint) once this much time has passed")
-    mazes_per_step: int = Field(32, ge=1, description="prompts per step (B)")
-    group_size: int = Field(8, ge=2, description="samples per maze (G)")
-    mini_batch_mazes: int | None = Field(None, ge=1, description="mazes per optimizer step (None: all)")
-    micro_batch: int = Field(16, ge=1, description="sequences per forward/backward")
-    update_turns_per_episode: int | None = Field(
-        None, ge=1, description="train on at most this many of each episode's training sequences, drawn at random "
+    max_minutes: float | None = Field(None, gt=0.0, le=MAX_MINUTES,
+                                      description="stop (with a checkpoint) once this much time has passed")
+    mazes_per_step: int = Field(32, ge=1, le=MAX_MAZES_PER_STEP, description="prompts per step (B)")
+    group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE, description="samples per maze (G)")
+    mini_batch_mazes: int | None = Field(None, ge=1, le=MAX_MAZES_PER_STEP, description="mazes per optimizer step (None: all)")
+    micro_batch: int = Field(16, ge=1, le=MAX_SEQUENCES_PER_BATCH, description="sequences per forward/backward")
+    update_turns_per_episode: TurnBudget | None = Field(
+        None, description="train on at most this many of each episode's training sequences, drawn at random "
         "(seeded): every turn of an episode shares its advantage, so a sample keeps the gradient unbiased at a fraction "
         "of the update's cost (None: all)")
     skip_zero_advantage_turns: bool = Field(
         False, description="train only on turns whose advantage is not 0 (e.g. a state where every move of the group "
         "was the same, with turn_baseline 'state'): the same policy gradient at less cost; refused with kl_coef > 0, "
         "whose term those turns still carry")
-    temperature: float = Field(1.0, gt=0.0)
+    temperature: Temperature = Field(1.0, description="sampling temperature of the rollouts (greedy 0 is not allowed: "
+                                     "a group's samples would all be the same)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     clip_low: float = Field(0.2, ge=0.0)
     clip_high: float = Field(0.2, ge=0.0)
@@ -115,11 +133,11 @@ class GRPOConfig(BaseModel):
     lora: LoraSettings | None = None
     freeze_vision: bool = Field(False, description="keep the vision tower fixed: RL adjusts decisions, not perception")
     env: EnvConfig = EnvConfig()
-    max_turns: int | None = Field(None, ge=1, description="override the split's per-maze turn budget in training")
+    max_turns: TurnBudget | None = Field(None, description="override the split's per-maze turn budget in training")
     eval_every: int = Field(10, ge=0, description="steps between greedy evaluations (0: never)")
     eval_every_minutes: float | None = Field(
-        None, gt=0.0, description="also evaluate each time this much training time has passed (evaluation time not counted)")
-    eval_mazes: int = Field(64, ge=1)
+        None, gt=0.0, le=MAX_MINUTES, description="also evaluate each time this much training time has passed (evaluation time not counted)")
+    eval_mazes: int = Field(64, ge=1, le=1_000_000)
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     checkpoint_uri: str | None = Field(
@@ -183,12 +201,12 @@ class SFTConfig(BaseModel):
     train_data: str
     eval_data: str | None = None
     output_dir: str
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     steps: int = Field(700, ge=1)
-    max_minutes: float | None = Field(None, gt=0.0, description="stop early when this much time has passed")
-    batch_size: int = Field(32, ge=1, description="turns (samples) per optimizer step")
+    max_minutes: float | None = Field(None, gt=0.0, le=MAX_MINUTES, description="stop early when this much time has passed")
+    batch_size: int = Field(32, ge=1, le=MAX_SEQUENCES_PER_BATCH, description="turns (samples) per optimizer step")
     noise: float = Field(0.1, ge=0.0, lt=1.0, description="chance a turn takes a random move (not learned): teaches recovery")
     optim: OptimConfig = OptimConfig(lr=3e-4, weight_decay=0.01, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1)
     env: EnvConfig = EnvConfig()
     eval_every: int = Field(0, ge=0)
-    eval_mazes: int = Field(64, ge=1)
+    eval_mazes: int = Field(64, ge=1, le=1_000_000)

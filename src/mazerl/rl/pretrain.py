@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .. import __version__
 from ..atomic import atomic_directory, check_output_dir, write_json
+from ..config import Seed, Temperature
 from ..envs.agents import as_reply, oracle_action
 from ..envs.maze_env import EnvConfig, MazeTask
 from ..mazes.dataset_io import write_split
@@ -76,7 +77,7 @@ class PretrainConfig(BaseModel):
     vision_init: Literal["random", "neighbours", "maze"] = Field(
         "maze", description="how the vision tower starts (policy.tiny.VisionInit): random, neighbours, or maze "
                               "(neighbour heads, and heads that find the agent and the goal)")
-    seed: int = Field(0, ge=0, description="weights, pool, validation set and data order all derive from it")
+    seed: Seed = Field(0, description="weights, pool, validation set and data order all derive from it")
     steps: int = Field(5000, ge=1, description="optimizer steps (the reproducible stopping rule)")
     schedule_steps: int = Field(3000, ge=1, description="length of the learning-rate schedule (a run may stop earlier)")
     minutes: float | None = Field(None, gt=0.0, description="also stop after this much training time")
@@ -104,7 +105,7 @@ class PretrainConfig(BaseModel):
         description="how the model sees mazes (saved with it as mazerl_policy.json)",
     )
     optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.01, warmup_steps=100, schedule="cosine", min_lr_ratio=0.05)
-    grpo_temperature: float = Field(1.0, gt=0.0, description="temperature whose parse-failure rate is measured")
+    grpo_temperature: Temperature = Field(1.0, description="temperature whose parse-failure rate is measured")
 
     @model_validator(mode="after")
     def _check(self):

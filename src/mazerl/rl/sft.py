@@ -16,13 +16,12 @@ from pathlib import Path
 import psutil
 import torch
 
-from ..atomic import refuse_inputs_inside
 from ..envs.agents import as_reply, oracle_action, random_action
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..rollout.multiturn import items_from_split, rollout
 from ..policy.trainable import open_policy, save_model_dir
-from .common import greedy_success, seed_everything
+from .common import greedy_success, refuse_inputs_in_run_files, seed_everything
 from .config import SFTConfig
 from .data import MazeSampler
 from .logprobs import token_logprobs
@@ -50,15 +49,17 @@ def teacher_batch(tp, cfg: SFTConfig, df, rows: list[int], step: int):
     return batch
 
 
+RUN_FILES = ("metrics.jsonl", "tensorboard", "final")  # what a warm start writes in output_dir
+
+
 def train_sft(cfg: SFTConfig, on_step=None, overwrite: bool = False) -> dict:
+    refuse_inputs_in_run_files(cfg, RUN_FILES)
     seed_everything(cfg.seed)
     out = Path(cfg.output_dir)
-    earlier = [out / n for n in ("metrics.jsonl", "tensorboard", "final") if (out / n).exists()]
+    earlier = [out / n for n in RUN_FILES if (out / n).exists()]
     if earlier and not overwrite:
         raise FileExistsError(f"{out} holds an earlier run ({', '.join(p.name for p in earlier)}); pass --overwrite to "
                               "replace it, or choose another output_dir")
-    for p in earlier:
-        refuse_inputs_inside(p, {"train_data": cfg.train_data, "eval_data": cfg.eval_data})
     for p in earlier:
         shutil.rmtree(p) if p.is_dir() else p.unlink()
     tp = open_policy(cfg.policy)

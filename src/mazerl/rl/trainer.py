@@ -32,7 +32,7 @@ from ..policy.trainable import open_policy, save_model_dir, serving_weights
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from ..storage import CheckpointMirror
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
-from .common import greedy_success, rng_state, seed_everything, set_rng_state
+from .common import greedy_success, refuse_inputs_in_run_files, rng_state, seed_everything, set_rng_state, training_inputs
 from .config import GRPOConfig
 from .data import MazeSampler
 from .driver import GRPODriver, StaleRolloutError, episode_metrics, turn_state_keys, update_stats  # noqa: F401 (re-exported)
@@ -65,6 +65,7 @@ KILL_AFTER_STEP_ENV = "MAZERL_FAULT_KILL_AFTER_STEP"
 
 class GRPOTrainer(GRPODriver):
     def __init__(self, cfg: GRPOConfig, on_step=None):
+        refuse_inputs_in_run_files(cfg, RUN_FILES)  # before any work: the run may replace these files
         self.cfg = cfg
         self.on_step = on_step  # callback(step, metrics) for progress display
         self.out = Path(cfg.output_dir)
@@ -114,8 +115,7 @@ class GRPOTrainer(GRPODriver):
 
     def resume(self, how: str, overwrite: bool = False) -> int | None:
         """Where the run starts (see `start_point`); the step resumed from, or None."""
-        path = start_point(how, self.out, self.checkpoints, self.mirror,
-                           {"train_data": self.cfg.train_data, "eval_data": self.cfg.eval_data}, overwrite)
+        path = start_point(how, self.out, self.checkpoints, self.mirror, training_inputs(self.cfg), overwrite)
         return None if path is None else self._load_checkpoint(path)
 
     def _load_checkpoint(self, path: Path) -> int:
@@ -241,11 +241,14 @@ def start_point(how: str, out: Path, checkpoints, mirror, inputs: dict, overwrit
     goes only into an output directory without an earlier run's files, unless `overwrite` (which
     removes them, never an input); checkpoints that exist but all fail verification are an error,
     not a silent restart."""
+    # what the run reads is never pruned, nor a checkpoint it was told to resume from
+    checkpoints.inputs = tuple(Path(p) for p in inputs.values() if p is not None)
     if how not in ("auto", "never"):
         path = check_resume_arg(how, checkpoints.root)
         problem = verify(path)
         if problem is not None:
             raise ResumeError(f"--resume {path}: this checkpoint cannot be trusted: {problem}")
+        checkpoints.inputs += (path,)
         return path
     if how == "auto":
         if mirror is not None and checkpoints.latest() is None:
@@ -262,8 +265,7 @@ def start_point(how: str, out: Path, checkpoints, mirror, inputs: dict, overwrit
     if earlier and not overwrite:
         raise ResumeError(f"{out} holds an earlier run ({', '.join(p.name for p in earlier)}) and nothing to "
                           "resume from; pass --overwrite to replace it, or choose another output_dir")
-    for p in earlier:
-        refuse_inputs_inside(p, inputs)
+    refuse_inputs_inside(out, inputs, replaced=earlier, choose="choose another output_dir")
     for p in earlier:
         shutil.rmtree(p) if p.is_dir() else p.unlink()
     return None

@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from ..config import Seed, TemperatureOrGreedy
 from ..mazes.seeding import derive_seed
 from ..errors import UserError
 from ..policy.grammar import ActionGrammar, GrammarError
@@ -87,10 +88,10 @@ class _PerRequestSampler(LogitsProcessor):
 class SamplingParams(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
-    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
+    temperature: TemperatureOrGreedy = Field(1.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(16, ge=1, le=32768)
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     grammar: Literal["free", "action"] = Field(
         "free", description="'action': replies are exactly <action>WORD</action> (policy.grammar)")
     banned_ids: tuple[int, ...] = Field(

@@ -1,9 +1,8 @@
-from kfp.dsl import HTML, Dataset, Input, Output
-from typing import NamedTuple
+from kfp.dsl import HTML, Dataset, Input, Metrics, Output
 
 
 def compare(base: Input[Dataset], new: Input[Dataset], min_gain: float, max_p_value: float,
-            result: Output[Dataset], report: Output[HTML]) -> NamedTuple("Decision", [("success_diff", float), ("p_value", float), ("improved", int)]):
+            result: Output[Dataset], metrics: Output[Metrics], report: Output[HTML]) -> int:
     """Paired comparison of two evaluations and the promotion decision.
 
     Args:
@@ -12,12 +11,13 @@ def compare(base: Input[Dataset], new: Input[Dataset], min_gain: float, max_p_va
         min_gain: promote only if heldout success rises by more than this.
         max_p_value: and the exact McNemar p-value is at most this.
         result: comparison.json, compare.html, compare.md.
+        metrics: the decision's figures (success_diff, p_value, improved) for the pipeline UI.
         report: the comparison report (HTML).
     Returns:
-        success_diff, p_value, improved (1 or 0: the pipeline branches on a number, never a string).
+        1 to promote, 0 not to: the branch reads this return value (`Output`), never a named output of a
+        NamedTuple, which kfp.local cannot resolve (it then skips the branch), and a number, never a string.
     """
     import shutil
-    from collections import namedtuple
     from pathlib import Path
 
     from mazerl.workflow import compare as run
@@ -25,4 +25,7 @@ def compare(base: Input[Dataset], new: Input[Dataset], min_gain: float, max_p_va
     outcome = run(base.path, new.path, result.path, min_gain, max_p_value)
     shutil.copyfile(Path(result.path) / "compare.html", report.path)
     d = outcome["decision"]
-    return namedtuple("Decision", ["success_diff", "p_value", "improved"])(d["success_diff"], d["p_value"], int(d["improved"]))
+    for key in ("success_diff", "p_value"):
+        metrics.log_metric(key, d[key])
+    metrics.log_metric("improved", int(d["improved"]))
+    return int(d["improved"])
