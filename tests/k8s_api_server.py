@@ -2,7 +2,8 @@
 
 It speaks the real wire format (`/apis/ray.io/v1/namespaces/<ns>/rayjobs[/<name>]`, JSON bodies,
 `Status` objects with `reason` and `code` on errors), keeps RayJobs in memory, and plays KubeRay's
-part: each GET advances a job along a scripted list of statuses. Scenarios switch on what a real
+part: each GET advances a job along a scripted list of statuses, with KubeRay's status.startTime (set
+each time the job starts Initializing, kept while it is suspended) and endTime. Scenarios switch on what a real
 cluster does: 403 for a service account without the Role, 409 for a name that exists, an outage
 (connections refused) for a set number of seconds mid-poll, and, as in a pod, HTTPS with a
 certificate of its own CA (`self_signed_certificate`) and 401 for a request without the service
@@ -18,6 +19,7 @@ import re
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -43,9 +45,31 @@ class ClusterState:
     # when set, plays the job for real: called with the created RayJob in a thread; returns (ok, message).
     # Until it returns the job is Running; then Complete/SUCCEEDED or Failed/AppFailed with the message.
     executor: object = None
+    now: Callable[[], float] = time.time  # the operator's clock, for startTime and endTime
     _runs: dict = field(default_factory=dict)
     _gets: int = 0
     _progress: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+_FINAL = ("Complete", "Failed", "ValidationFailed")  # KubeRay never changes these again
+
+
+def _timestamp(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _with_times(old: dict, new: dict, now: float) -> dict:
+    """KubeRay's timestamps on a scripted status: startTime set when the job starts Initializing (its
+    first start, after a Kueue admission, after a retry), else kept (a suspended job keeps its last);
+    endTime when it ends. A script that gives them keeps its own."""
+    if "startTime" not in new:
+        if new.get("jobDeploymentStatus") == "Initializing" and old.get("jobDeploymentStatus") != "Initializing":
+            new["startTime"] = _timestamp(now)
+        elif "startTime" in old:
+            new["startTime"] = old["startTime"]
+    if new.get("jobDeploymentStatus") in ("Complete", "Failed") and "endTime" not in new:
+        new["endTime"] = _timestamp(now)
+    return new
 
 
 def _status(code: int, reason: str, message: str) -> dict:
@@ -131,11 +155,12 @@ class _Handler(BaseHTTPRequestHandler):
                 ok, message = result.get("outcome", (False, "the executor raised"))
                 job["status"] = ({"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"} if ok else
                                  {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed", "message": message})
-        elif (job.get("status") or {}).get("jobDeploymentStatus") in ("Complete", "Failed"):
-            pass  # as KubeRay: a finished job's status never changes again
+        elif (job.get("status") or {}).get("jobDeploymentStatus") in _FINAL:
+            pass
         else:
             step = self.state._progress.get(key, 0)
-            job["status"] = dict(self.state.script[min(step, len(self.state.script) - 1)])
+            job["status"] = _with_times(job.get("status") or {}, dict(self.state.script[min(step, len(self.state.script) - 1)]),
+                                        self.state.now())
             self.state._progress[key] = step + 1
         self._send(200, job)
         if self.state.outage_after_gets is not None and self.state._gets == self.state.outage_after_gets:

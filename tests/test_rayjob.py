@@ -352,7 +352,7 @@ def in_a_pod(tmp_path, monkeypatch):
 def test_in_a_pod_the_launcher_uses_the_service_account_over_tls(in_a_pod):
     srv, _ = in_a_pod
     launcher = RayJobLauncher(custom_objects_api(), "mazerl", poll_s=0.01, log=lambda _: None)
-    outcome = launcher.run(p5_manifest(), timeout_s=30)
+    outcome = launcher.run(p5_manifest(), deadline_s=30)
     assert outcome.succeeded and srv.url.startswith("https://")
     assert ("create", "/apis/ray.io/v1/namespaces/mazerl/rayjobs") in srv.state.requests
 

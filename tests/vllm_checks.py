@@ -3,7 +3,7 @@
 tests/test_vllm_engine.py starts this script with that venv's Python and asserts on the JSON it
 writes; this script only measures and records, so every comparison lives in the test.
 
-    python tests/vllm_checks.py OUT.json WORKDIR [grpo | grpo-ray]
+    python tests/vllm_checks.py OUT.json WORKDIR [grpo | grpo-ray | banned]
 """
 
 import json
@@ -160,9 +160,51 @@ def grpo(out_json: str, workdir: str, backend: str = "local") -> None:
                                           "final": (out / "final" / "model.safetensors").exists()}))
 
 
+def banned(out_json: str, workdir: str) -> None:
+    """Free-form sampling from a flat next-token distribution (LM head zeroed: every token equally
+    likely), so a banned token would be drawn often if it were not masked. Records what one request
+    carries (allow-list, bad words), every drawn token and its log-probability, vLLM's and HFEngine's."""
+    import numpy as np
+    from safetensors.torch import load_file, save_file
+
+    from mazerl.policy.chat import ChatFormat
+    from mazerl.policy.loading import load_policy
+    from mazerl.policy.prompts import SHORT_SYSTEM_PROMPT
+    from mazerl.rollout.engine import GenerationRequest, HFEngine, SamplingParams
+    from mazerl.rollout.vllm_engine import VLLMEngine
+
+    model_dir = sharpened_tiny_model(Path(workdir) / "flat", seed=1)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    weights["lm_head.weight"].zero_()
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    policy = load_policy(model_dir)
+    chat = ChatFormat(policy.processor, system_prompt=SHORT_SYSTEM_PROMPT)
+    rng = np.random.default_rng(0)
+    requests = []
+    for k in range(16):
+        img = (rng.random((48, 48, 3)) * 255).astype(np.uint8)
+        requests.append(GenerationRequest([t for s in chat.system() + chat.user_turn(1, f"turn {k}", img) for t in s.ids],
+                                          [img], seed=k))
+    params = SamplingParams(temperature=1.0, max_new_tokens=64, banned_ids=tuple(chat.banned_reply_ids))
+    vllm = VLLMEngine(str(model_dir), chat, dtype="float32", max_model_len=2048, max_images_per_prompt=1)
+    request = vllm._vllm_params(params, seed=0)  # what every free-form request carries
+    results = {"banned_ids": list(chat.banned_reply_ids), "vocab": policy.model.config.get_text_config().vocab_size,
+               "allowed_token_ids": request.allowed_token_ids, "bad_words": request.bad_words}
+    outs = vllm.generate(requests, params)
+    results["vllm_ids"] = [o.ids for o in outs]
+    results["vllm_logprobs"] = [o.logprobs for o in outs]
+    outs = HFEngine.from_chat(policy.model, chat).generate(requests, params)
+    results["hf_ids"] = [o.ids for o in outs]
+    results["hf_logprobs"] = [o.logprobs for o in outs]
+    vllm.close()
+    Path(out_json).write_text(json.dumps(results))
+
+
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard keeps it from rerunning this
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if len(sys.argv) > 3 and sys.argv[3] in ("grpo", "grpo-ray"):
         grpo(sys.argv[1], sys.argv[2], backend="ray" if sys.argv[3] == "grpo-ray" else "local")
+    elif len(sys.argv) > 3 and sys.argv[3] == "banned":
+        banned(sys.argv[1], sys.argv[2])
     else:
         main(sys.argv[1], sys.argv[2])

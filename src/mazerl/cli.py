@@ -96,7 +96,8 @@ pipeline_app = typer.Typer(help="The KFP pipeline: compile, run locally (kfp.loc
 app.add_typer(pipeline_app, name="pipeline")
 eval_app = typer.Typer(help="Evaluate a policy on frozen splits (mazerl eval --help), or compare two evaluations.")
 app.add_typer(eval_app, name="eval")
-cluster_app = typer.Typer(help="HyperPod: the training RayJob (render, launch and follow, cancel).", no_args_is_help=True)
+cluster_app = typer.Typer(help="HyperPod: the capacity plan and the training RayJob (render, launch and follow, cancel).",
+                          no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
 # Piped into a log (CI, `make demo | tee`), rich would cut tables to 80 columns; give them room.
@@ -376,6 +377,9 @@ def train_grpo_cmd(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting: key=value (dotted keys)")] = None,
     overwrite: Annotated[bool, typer.Option(help="with nothing to resume: replace an earlier run's files in output_dir")] = False,
     backend: Annotated[Optional[str], typer.Option(help="local (this process) | ray (ranks + rollout actors; default: the config's)")] = None,
+    discard_damaged_checkpoints: Annotated[bool, typer.Option(
+        "--discard-damaged-checkpoints", help="--resume auto when every checkpoint is damaged: discard them (each is named) "
+        "and start over from step 0, with --overwrite; without it that run is refused")] = False,
 ) -> None:
     """Multi-turn GRPO: rollouts -> group advantages -> clipped policy-gradient updates."""
     _quiet_hf()
@@ -405,13 +409,13 @@ def train_grpo_cmd(
 
         bar, on_step = _train_progress(cfg.steps, ("reward_mean", "success_rate", "entropy", "time/weight_sync"))
         with bar:
-            record = _run_job(lambda: RayGRPO(cfg, on_step).run(resume, overwrite))
+            record = _run_job(lambda: RayGRPO(cfg, on_step).run(resume, overwrite, discard_damaged_checkpoints))
         console.print(f"step {record.get('step')}: success {record.get('success_rate', float('nan')):.3f}; "
                       f"model: {Path(cfg.output_dir) / 'final'}")
         return
     bar, on_step = _train_progress(cfg.steps, ("reward_mean", "success_rate", "entropy", "eval/success"))
     with bar:
-        record = _run_job(lambda: GRPOTrainer(cfg, on_step).run(resume, overwrite))
+        record = _run_job(lambda: GRPOTrainer(cfg, on_step).run(resume, overwrite, discard_damaged_checkpoints))
     console.print(f"step {record.get('step')}: success {record.get('success_rate', float('nan')):.3f}; "
                   f"model: {Path(cfg.output_dir) / 'final'}")
 
@@ -861,6 +865,31 @@ def cluster_render_rayjob(
         return
     write_text(out, text)
     err_console.print(f"wrote {out}: kubectl apply -f {out}")
+
+
+@cluster_app.command("plan")
+def cluster_plan(
+    profile: Annotated[str, typer.Option(help="a GPU profile (hyperpod-*): its instance type names the GPUs")],
+    config: Annotated[Optional[str], typer.Option(help="GRPO job config: a shipped name or a path (default: the profile's "
+                                                  "pipeline.grpo_config with its pipeline.model)")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a setting of the job config: KEY=VALUE")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print the plan as JSON (bytes and seconds)")] = False,
+) -> None:
+    """The capacity plan: parameters, per-GPU memory term by term, vLLM's per-prompt limits, weight-sync and
+    checkpoint bytes. Exit 2, naming each setting and the number it needs, when the job does not fit."""
+    import json
+
+    from .cluster.plan import build_plan, format_plan, job_config_for_profile
+    from .config import parse_overrides
+
+    prof = _cluster_profile(profile)
+    plan = build_plan(prof, job_config_for_profile(prof, config, parse_overrides(set_ or [])))
+    if json_:
+        sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
+    else:
+        console.print(format_plan(plan), markup=False, highlight=False, soft_wrap=True)
+    if plan.problems:
+        _fail(f"the job does not fit profile {prof.name!r}: " + "; ".join(plan.problems))
 
 
 def _report_failure(error: RuntimeError, run_dir: Path | None, log: Path, task_logs: dict[str, Path]) -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from .errors import UserError
@@ -34,6 +36,17 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def hash_files(folder: Path, rels: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The sha256 of each of the files `rels` under `folder`, several files at once: hashlib releases the
+    GIL while it hashes, so threads use as many cores (and parallel reads) as there are files."""
+    rels = sorted(rels)
+    workers = min(len(rels), os.cpu_count() or 1, 8)
+    if workers <= 1:
+        return {rel: sha256_file(folder / rel) for rel in rels}
+    with ThreadPoolExecutor(workers, thread_name_prefix="sha256") as pool:
+        return dict(zip(rels, pool.map(lambda rel: sha256_file(folder / rel), rels)))
+
+
 def folder_files(folder: Path, manifest_name: str) -> list[str]:
     """Every file under `folder` as a relative '/' path, except the manifest itself (it cannot list its own hash)."""
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
@@ -42,7 +55,7 @@ def folder_files(folder: Path, manifest_name: str) -> list[str]:
 
 def manifest_of(folder: Path, manifest_name: str) -> dict[str, str]:
     """The `files` mapping for `folder` as it is now: what a writer records, last, beside the files."""
-    return {rel: sha256_file(folder / rel) for rel in folder_files(folder, manifest_name)}
+    return hash_files(folder, folder_files(folder, manifest_name))
 
 
 def parse_manifest(raw: bytes, where: str) -> dict[str, str]:
@@ -93,6 +106,16 @@ def _safe_relative(rel: str) -> bool:
 def check_folder(folder: Path, files: dict[str, str], where: str, manifest_name: str) -> None:
     """Raise ManifestError unless `folder` holds exactly the `files` listed in the manifest `where`, each
     with its sha256."""
+    check_listing(folder, files, where, manifest_name)
+    actual = hash_files(folder, list(files))
+    for rel in sorted(files):
+        if actual[rel] != files[rel]:
+            raise ManifestError(f"{rel} does not match its hash (the sha256 in {where})")
+
+
+def check_listing(folder: Path, files: dict[str, str], where: str, manifest_name: str) -> None:
+    """The part of check_folder that reads no file: `folder` holds exactly the files listed in `where`.
+    For a folder whose hashes one process has already checked (or its writer has just computed)."""
     present = set(folder_files(folder, manifest_name))
     missing = sorted(set(files) - present)
     if missing:
@@ -102,9 +125,6 @@ def check_folder(folder: Path, files: dict[str, str], where: str, manifest_name:
     if unlisted:
         raise ManifestError(f"{folder} holds {_some(unlisted)}, not listed in {where}: a manifest lists exactly "
                             "the files of its folder")
-    for rel in sorted(files):
-        if sha256_file(folder / rel) != files[rel]:
-            raise ManifestError(f"{rel} does not match its hash (the sha256 in {where})")
 
 
 def verify_folder(folder: Path, manifest_name: str) -> dict[str, str]:

@@ -12,15 +12,18 @@ cluster, `AWS_*` variables elsewhere); an endpoint override, e.g. a local S3, fr
 from __future__ import annotations
 
 import json
+import logging
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .atomic import atomic_directory
 from .errors import UserError
 from .profiles import check_bucket_name
-from .integrity import check_file_list, check_folder, manifest_of, parse_manifest
+from .integrity import ManifestError, check_file_list, check_folder, check_listing, manifest_of, parse_manifest, read_manifest
 from .rl.checkpoint import MANIFEST, verify
 
+log = logging.getLogger(__name__)
 _STEP = re.compile(r"step-([0-9]{8})")  # fullmatch: a name with anything after the digits is not a checkpoint
 
 
@@ -110,14 +113,23 @@ class S3CheckpointStore:
             raise s3_failure(err, what, f"in {self.uri}") from None
 
     # ---- upload --------------------------------------------------------------------------------------
-    def upload(self, checkpoint: Path, name: str | None = None) -> str:
+    def upload(self, checkpoint: Path, name: str | None = None, just_written: bool = False) -> str:
         """Upload a complete local checkpoint as `name` (default: its folder name); its manifest object
         goes last. A folder without a manifest (a model directory) gets one computed here. Returns
-        its s3:// address."""
+        its s3:// address. `just_written`: the caller has just written the checkpoint, its manifest
+        hashed from the files as written, so they are not read twice more (a full check here, then the
+        upload): only the file list is checked; a download checks every hash (`download`)."""
         checkpoint = Path(checkpoint)
         name = name or checkpoint.name
         if (checkpoint / MANIFEST).exists():
-            problem = verify(checkpoint)
+            if just_written:
+                try:
+                    check_listing(checkpoint, read_manifest(checkpoint / MANIFEST), str(checkpoint / MANIFEST), MANIFEST)
+                    problem = None
+                except ManifestError as err:
+                    problem = str(err)
+            else:
+                problem = verify(checkpoint)
             if problem is not None:
                 raise StorageError(f"not uploading {checkpoint}: {problem}")
             manifest = json.loads((checkpoint / MANIFEST).read_text())
@@ -250,15 +262,58 @@ class CheckpointMirror:
     """A trainer's checkpoints also kept on S3: each new local checkpoint is uploaded (then older ones
     pruned there), and a resume with no complete local checkpoint downloads the newest remote one.
     With `tensorboard`, the run's TensorBoard event files go along to `<uri>/../tensorboard/` (files
-    that changed since the last upload), so they sit next to the checkpoints on S3 too."""
+    that changed since the last upload), so they sit next to the checkpoints on S3 too.
 
-    def __init__(self, uri: str, keep_last: int = 3, tensorboard: Path | None = None):
+    With `background`, the upload runs on a thread of its own while training goes on (at 8B a
+    checkpoint is 50-100 GB: minutes of upload). One upload at a time: `after_save` and `wait` (the
+    next save, the end of the run) wait for the one in flight, and its failure is raised there. The
+    trainer must not delete the checkpoint being uploaded: it waits before pruning its local copies."""
+
+    def __init__(self, uri: str, keep_last: int = 3, tensorboard: Path | None = None, background: bool = False):
         self.store = S3CheckpointStore(uri, keep_last=keep_last)
         self.tensorboard = Path(tensorboard) if tensorboard is not None else None
         self._uploaded: dict[str, tuple[int, int]] = {}  # event file -> (size, mtime_ns) last uploaded
+        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload") if background else None
+        self._in_flight: tuple[str, Future] | None = None  # (checkpoint name, its upload)
 
-    def after_save(self, checkpoint: Path) -> str:
-        uri = self.store.upload(checkpoint)
+    def after_save(self, checkpoint: Path) -> str | None:
+        """Mirror `checkpoint`, which this trainer has just written: its address once uploaded, or None
+        when the upload has started in the background."""
+        self.wait()
+        if self._uploader is None:
+            return self._mirror(Path(checkpoint))
+        self._in_flight = (Path(checkpoint).name, self._uploader.submit(self._mirror, Path(checkpoint)))
+        return None
+
+    def wait(self, raise_failure: bool = True) -> str | None:
+        """Wait for the upload in flight, if any: its address, or its failure raised (a StorageError naming
+        the checkpoint). `raise_failure=False` (the run has failed already): the failure is logged."""
+        if self._in_flight is None:
+            return None
+        (name, upload), self._in_flight = self._in_flight, None
+        try:
+            return upload.result()
+        except UserError as err:
+            if not raise_failure:
+                log.error("the background upload of checkpoint %s to %s failed: %s", name, self.store.uri, err)
+                return None
+            raise StorageError(f"the background upload of checkpoint {name} to {self.store.uri} failed: {err}") from None
+        except Exception:
+            if not raise_failure:
+                log.exception("the background upload of checkpoint %s to %s failed", name, self.store.uri)
+                return None
+            raise
+
+    def close(self, raise_failure: bool = True) -> None:
+        """The end of the run: wait for the last upload (see `wait`) and stop the upload thread."""
+        try:
+            self.wait(raise_failure)
+        finally:
+            if self._uploader is not None:
+                self._uploader.shutdown(wait=True)
+
+    def _mirror(self, checkpoint: Path) -> str:
+        uri = self.store.upload(checkpoint, just_written=True)
         self.store.prune()
         if self.tensorboard is not None and self.tensorboard.is_dir():
             self._sync_tensorboard()

@@ -250,10 +250,25 @@ def evaluation_limits(data_dir: str, splits: list[str], heldout: int, other: int
     return limits
 
 
+def job_view(config: str, model: str, data_dir: str) -> dict:
+    """How the training job `config` shows mazes to `model` (prompt, history, new tokens a turn, reply
+    grammar, image scale): the config's settings, the rest from the model's saved view, exactly as
+    train_grpo builds its policy. The trained model saves the same view beside its weights."""
+    from .rl.config import GRPOConfig
+
+    # the job's data and model as train_grpo sets them; its output folder is required but never used here
+    overrides = _job_overrides(model, data_dir, str(Path(data_dir) / "unused-output"), {})
+    return load_config(GRPOConfig, config, overrides).policy.view()
+
+
 def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_mazes: int,
-             training_log: str | None = None, reference_mazes: int = 0, label: str = "evaluate") -> dict:
+             training_log: str | None = None, reference_mazes: int = 0, label: str = "evaluate",
+             config: str = "") -> dict:
     """Greedy evaluation of every frozen split: `heldout_mazes` of heldout, `other_mazes` of each other
-    generated split, and the VisGym reference splits in full (all their mazes) unless `reference_mazes` > 0."""
+    generated split, and the VisGym reference splits in full (all their mazes) unless `reference_mazes` > 0.
+    `config`: the GRPO job config; the model is shown the mazes as that job shows them (`job_view`), so
+    the baseline (e.g. a hub model, which has no saved view) and the trained model are evaluated alike
+    and can be compared. '' = the model's own saved view (defaults where it has none)."""
     from .evaluation.runner import EvalConfig
     from .evaluation.runner import evaluate as run_eval
     from .policy.config import PolicyConfig
@@ -268,7 +283,10 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
     device = {"device": "cuda", "dtype": "bfloat16"} if torch.cuda.is_available() else {}
     if device:
         print(f"evaluating on {torch.cuda.get_device_name(0)} in bfloat16 (CPU evaluation uses float32)")
-    policy = PolicyConfig.for_model(model, **device)
+    view = job_view(config, model, data_dir) if config else {}
+    policy = PolicyConfig.for_model(model, **view, **device)
+    if view:
+        print(f"{label}: the view of job {config}: {json.dumps(policy.view(), sort_keys=True)}", flush=True)
     cfg = EvalConfig(policy="model", model=policy, data=data, out=out_dir, limits=limits, overwrite=True)
     if training_log and not Path(training_log).exists():
         raise ConfigError(f"training log not found: {training_log}")

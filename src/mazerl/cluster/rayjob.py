@@ -14,6 +14,7 @@ import math
 import re
 import shlex
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -195,9 +196,34 @@ def sizing_overrides(profile: Profile) -> dict[str, object]:
             "policy.engine": "vllm", "policy.device": "cuda"}
 
 
+# The train task's pod, from the downward API (pipeline/dag.py sets these on it): the RayJob's owner
+POD_ENV_FIELDS = {"MAZERL_POD_NAME": "metadata.name", "MAZERL_POD_UID": "metadata.uid",
+                  "MAZERL_POD_NAMESPACE": "metadata.namespace"}
+
+
+def launcher_pod_owner(env: Mapping[str, str], namespace: str) -> tuple[dict | None, str]:
+    """The owner reference that makes Kubernetes delete the RayJob (and so its Ray cluster) when the pod
+    launching it is deleted, and a line saying what was decided. None outside a pod (a local run: the
+    variables are absent), and for a pod in another namespace than the job's: Kubernetes treats a
+    cross-namespace owner as absent and would delete the job at once."""
+    name, uid, pod_namespace = (env.get(k) or "" for k in POD_ENV_FIELDS)
+    if not (name and uid and pod_namespace):
+        return None, ("no owner reference on the RayJob: not in a pod with the downward API variables "
+                      f"({', '.join(POD_ENV_FIELDS)})")
+    if pod_namespace != namespace:
+        return None, (f"no owner reference on the RayJob: this pod is in namespace {pod_namespace!r}, the job in "
+                      f"{namespace!r} (an owner must share the namespace)")
+    # not a controller (Kueue takes a job whose controller is a kind it manages, a Pod with its pod
+    # integration, for part of that workload), and not blocking the pod's deletion (that would need
+    # rights on pods/finalizers, which the Role does not grant)
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": False, "blockOwnerDeletion": False}
+    return owner, f"RayJob owned by pod {pod_namespace}/{name}: deleted with it"
+
+
 def build_rayjob(profile: Profile, config: str, run_id: str, task: str = "train-grpo",
-                 extra_overrides: dict[str, object] | None = None) -> dict:
-    """The RayJob manifest (a plain dict, ready for the Kubernetes API or `kubectl apply`)."""
+                 extra_overrides: dict[str, object] | None = None, owner: dict | None = None) -> dict:
+    """The RayJob manifest (a plain dict, ready for the Kubernetes API or `kubectl apply`); `owner`: an
+    owner reference (launcher_pod_owner) for its metadata."""
     if profile.kind != "hyperpod" or profile.rayjob is None:
         raise RayJobSpecError(f"profile {profile.name!r} has no rayjob section: a RayJob needs a hyperpod profile with "
                               "rayjob sizing (workers, gpus_per_worker, ...)")
@@ -224,6 +250,9 @@ def build_rayjob(profile: Profile, config: str, run_id: str, task: str = "train-
         raise RayJobSpecError(f"the RayJob's driver would refuse its job config (--config {config} with the profile's "
                               f"sizing and the overrides); nothing was rendered: {err}") from None
     check_placement(profile, job)
+    from .plan import check_plan
+
+    check_plan(profile, job)  # per-GPU memory and vLLM's per-prompt limits (a PlanError names what does not fit)
     if profile.kueue is not None:
         labels["kueue.x-k8s.io/queue-name"] = profile.kueue.queue_name
         if profile.kueue.priority_class:
@@ -288,7 +317,8 @@ def build_rayjob(profile: Profile, config: str, run_id: str, task: str = "train-
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": name, "namespace": profile.namespace, "labels": labels},
+        "metadata": {"name": name, "namespace": profile.namespace, "labels": labels,
+                     **({"ownerReferences": [owner]} if owner else {})},
         "spec": {
             "entrypoint": command,
             "submissionMode": "K8sJobMode",

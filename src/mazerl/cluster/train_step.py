@@ -11,6 +11,7 @@ there, and a retried task would lose its checkpoints. The artifact carries the f
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -22,6 +23,9 @@ from ..atomic import atomic_directory, write_json, write_text
 from ..config import load_config
 from ..profiles import INSTANCE_TYPE_LABEL, Profile
 
+# the launcher's deadline, after the job's status.startTime: KubeRay's activeDeadlineSeconds and this
+# margin (the operator checks the deadline when it reconciles, and tears the Ray cluster down after)
+DEADLINE_MARGIN_S = 600
 
 
 def run_directory(profile: Profile, run_id: str) -> Path:
@@ -74,11 +78,13 @@ def train_on_rayjob(profile: Profile, run_id: str, model: str, data_dir: str, co
     copying the model and metrics into `out_dir` as well, for the pipeline UI's lineage."""
     from ..metrics import read_metrics
     from .launcher import RayJobLauncher, custom_objects_api
-    from .rayjob import build_rayjob, check_run_id
+    from .rayjob import build_rayjob, check_run_id, launcher_pod_owner
 
     check_run_id(run_id)  # it names the run directory, the S3 prefix and the job's label: checked before any of them
     run, config_path = stage_run(profile, run_id, model, data_dir, config, extra or {})
-    manifest = build_rayjob(profile, str(config_path), run_id)
+    # owned by this pod: Kubernetes deletes the job with it, should this task be stopped past its SIGTERM handling
+    owner, about_owner = launcher_pod_owner(os.environ, profile.namespace)
+    manifest = build_rayjob(profile, str(config_path), run_id, owner=owner)
     if profile.sagemaker is not None and profile.sagemaker.cluster_name:
         from .sagemaker import preflight
 
@@ -86,11 +92,14 @@ def train_on_rayjob(profile: Profile, run_id: str, model: str, data_dir: str, co
         found = preflight(profile.sagemaker.cluster_name, instance_type, profile.rayjob.workers)
         log(f"HyperPod preflight: {found['healthy_nodes']} healthy {instance_type} nodes in {found['cluster']}")
     launcher = RayJobLauncher(api or custom_objects_api(), profile.namespace, poll_s=poll_s, log=log)
+    log(about_owner)
     log(f"run directory (checkpoints, TensorBoard, metrics): {run / 'grpo'}")
     log(f"TensorBoard: tensorboard --logdir {run / 'grpo' / 'tensorboard'}")
     if (uri := checkpoint_uri(profile, run_id)) is not None:
         log(f"checkpoints also at {uri}")
-    outcome = launcher.run(manifest, timeout_s=profile.rayjob.active_deadline_seconds + 600)
+    # SIGTERM (KFP terminating the run: its exit handler is not run) deletes the job; the deadline counts
+    # from the job's start, not from time queued in Kueue
+    outcome = launcher.run(manifest, deadline_s=profile.rayjob.active_deadline_seconds + DEADLINE_MARGIN_S)
     final = run / "grpo" / "final"
     if not (final / "config.json").is_file():
         from .launcher import LauncherError

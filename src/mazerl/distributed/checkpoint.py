@@ -5,9 +5,14 @@ Layout of `ROOT/step-00000010/`:
   rank-00000.pt    per rank: LR scheduler state and torch RNG (weights_only loadable)
   state.json       step, world size, and the driver's state (data sampler, seeds)
   manifest.json    sha256 of every file above, written last (rl/checkpoint.verify reads it)
-Every rank writes into a temporary sibling; after a barrier rank 0 writes state.json and the
-manifest and renames the directory into place. DCP reshards on load, so a checkpoint written by N
-ranks resumes on M ranks (1 <-> 2 tested); with the same number of ranks the resume is bit-identical.
+Every rank writes into a temporary sibling and hashes the files it wrote (its DCP shard, its
+rank-R.pt), all ranks at once; rank 0 gathers the hashes, adds state.json's and DCP's metadata's,
+writes the manifest and renames the directory into place. No rank reads another's shard: at 8B the
+checkpoint is 50-100 GB, and one rank hashing it all kept the others waiting in a collective (the
+NCCL watchdog's 10 minutes). On load the checkpoint is verified once, by one process: the Ray driver
+does it when it picks the checkpoint (rl.trainer.start_point), and the ranks then load with
+`verified=True`. DCP reshards on load, so a checkpoint written by N ranks resumes on M ranks
+(1 <-> 2 tested); with the same number of ranks the resume is bit-identical.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -30,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..atomic import write_json
-from ..integrity import manifest_of
+from ..integrity import ManifestError, check_listing, folder_files, hash_files, read_manifest
 from ..rl.checkpoint import MANIFEST, CheckpointMismatchError, verify
 
 STATE = "state.json"
@@ -49,6 +54,31 @@ def _rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
+class _RecordingWriter(FileSystemWriter):
+    """DCP's own file writer, noting which files this rank wrote: exactly the ones this rank hashes."""
+
+    _written = None
+
+    def write_data(self, plan, planner):
+        self._written = super().write_data(plan, planner)
+        return self._written
+
+    def files(self) -> list[str]:
+        if self._written is None:
+            return []
+        self._written.wait()
+        return sorted({result.storage_data.relative_path for result in self._written.value()})
+
+
+def _gather_on_rank0(obj):
+    """Every rank's `obj` on rank 0 (a list in rank order), None elsewhere: a collective."""
+    if not _distributed():
+        return [obj]
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, gathered, dst=0)
+    return gathered
+
+
 def save_sharded(target: str | Path, model, optimizer, scheduler, state: dict, rank: int = 0, world_size: int = 1) -> Path:
     """Collective: every rank calls it with the same `target`. Returns the final directory."""
     target = Path(target)
@@ -59,12 +89,19 @@ def save_sharded(target: str | Path, model, optimizer, scheduler, state: dict, r
     _barrier()
     try:
         sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
-        dcp.save(sharded, checkpoint_id=str(tmp / "dcp"), no_dist=not _distributed())
+        writer = _RecordingWriter(str(tmp / "dcp"))
+        dcp.save(sharded, checkpoint_id=str(tmp / "dcp"), storage_writer=writer, no_dist=not _distributed())
         torch.save({"scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / _rank_file(rank))
-        _barrier()  # every shard is on disk before the manifest says the checkpoint exists
+        # this rank hashes what it wrote while the others hash theirs; the gather on rank 0 also waits
+        # until every rank's files are on disk, before the manifest says the checkpoint exists
+        own = hash_files(tmp, [f"dcp/{name}" for name in writer.files()] + [_rank_file(rank)])
+        gathered = _gather_on_rank0(own)
         if rank == 0:
             write_json(tmp / STATE, {**state, "world_size": world_size})
-            write_json(tmp / MANIFEST, {"step": state.get("step"), "files": manifest_of(tmp, MANIFEST)})
+            files = {rel: digest for hashes in gathered for rel, digest in hashes.items()}
+            # what no rank claimed: state.json and DCP's metadata, small files rank 0 wrote itself
+            files.update(hash_files(tmp, sorted(set(folder_files(tmp, MANIFEST)) - set(files))))
+            write_json(tmp / MANIFEST, {"step": state.get("step"), "files": dict(sorted(files.items()))})
             if target.exists():
                 shutil.rmtree(target)
             os.replace(tmp, target)
@@ -76,11 +113,22 @@ def save_sharded(target: str | Path, model, optimizer, scheduler, state: dict, r
     return target
 
 
-def load_sharded(path: str | Path, model, optimizer, scheduler, rank: int = 0, world_size: int = 1) -> dict:
+def load_sharded(path: str | Path, model, optimizer, scheduler, rank: int = 0, world_size: int = 1,
+                 verified: bool = False) -> dict:
     """Collective: load a (verified) sharded checkpoint into this rank's model, optimizer and
-    scheduler; the RNG state is restored when the number of ranks is unchanged. Returns state.json."""
+    scheduler; the RNG state is restored when the number of ranks is unchanged. Returns state.json.
+    `verified`: one process has just checked every file against the manifest (the Ray driver, before
+    any rank loads), so this rank only checks that the folder holds the listed files: N ranks each
+    re-hashing the whole checkpoint would read it N more times."""
     path = Path(path)
-    problem = verify(path)
+    if verified:
+        try:
+            check_listing(path, read_manifest(path / MANIFEST), str(path / MANIFEST), MANIFEST)
+            problem = None
+        except ManifestError as err:
+            problem = str(err)
+    else:
+        problem = verify(path)
     if problem is not None:
         raise CheckpointMismatchError(f"checkpoint {path} cannot be trusted: {problem}")
     state = json.loads((path / STATE).read_text())

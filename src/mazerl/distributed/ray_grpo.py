@@ -4,7 +4,7 @@
     mazes = sampler.next(B)          ──────────────────────────────────────> collect(slice of mazes)
     trajectories, each tagged with its weights version  <──────────────────
     advantages, mini-batches (rl/driver.py)
-    for each mini-batch:             ──> train_step(batch) on every rank
+    for each mini-batch:             ──> train_step(its slice of the batch) on every rank
     full state dict (a collective)   ──> rank 0 returns it ──> ray.put ──> sync(weights, version)
     every K steps: sharded checkpoint (DCP) on every rank + the driver's state
 
@@ -100,7 +100,7 @@ class TrainRank:
         from ..policy.trainable import open_policy
         from ..rl.common import seed_everything
         from ..rl.worker import PolicyWorker
-        from .fsdp import shard_policy
+        from .fsdp import param_dtype_for, shard_policy
 
         # Ray gives an actor one intra-op thread per CPU it asked for; ranks compute while the rollout
         # actors wait (and the other way round), so each may use its share of the node's cores
@@ -108,16 +108,18 @@ class TrainRank:
         backend = "nccl" if self.cfg.distributed.gpus_per_rank > 0 and torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         seed_everything(self.cfg.seed)
-        self.tp = open_policy(self.cfg.policy, self.cfg.lora, with_engine=False)  # rollouts are the rollout actors' job
+        # rollouts are the rollout actors' job; float32 master weights, computing in policy.dtype
+        self.tp = open_policy(self.cfg.policy, self.cfg.lora, with_engine=False, for_training=True,
+                              activation_checkpointing=self.cfg.distributed.activation_checkpointing)
         self.model = self.tp.policy.model
         reference = None
         if self.cfg.kl_coef > 0 and self.cfg.lora is None:  # the KL anchor, sharded like the policy
             reference = open_policy(self.cfg.policy, with_engine=False).policy.model.eval().requires_grad_(False)
         self.sharded = self.world_size > 1 or backend == "nccl"  # on GPU even one rank is FSDP2 (the path 8 ranks take)
         if self.sharded:
-            shard_policy(self.model)
-            if reference is not None:
-                shard_policy(reference)
+            shard_policy(self.model, param_dtype=param_dtype_for(self.cfg.policy.dtype))
+            if reference is not None:  # never trained: it stays in policy.dtype
+                shard_policy(reference, param_dtype=param_dtype_for(self.cfg.policy.dtype))
         self.worker = PolicyWorker(self.model, self.tp.chat, self.tp.reply_choices, self.cfg, total_optimizer_steps,
                                    rank=self.rank, world_size=self.world_size, reference=reference)
         return True
@@ -130,7 +132,7 @@ class TrainRank:
         if self.cfg.recompute_old_logprobs:
             self.worker.rescore_old_logprobs(batches, sampling)
         rescore_seconds = time.perf_counter() - t0
-        outs = [self.train_step(batch, sampling, step) for batch in batches]
+        outs = [{**self.train_step(batch, sampling, step), "samples_received": len(batch.samples)} for batch in batches]
         if outs:
             outs[0]["seconds"] += rescore_seconds
         return outs
@@ -151,11 +153,13 @@ class TrainRank:
         return True
 
     def full_state_dict(self) -> dict | None:
-        """A collective: every rank must call it; rank 0 returns the weights, the others None."""
+        """A collective: every rank must call it; rank 0 returns the weights, the others None. In policy.dtype
+        (what the rollout engines and the saved model hold), not the float32 masters: half the bytes to send."""
+        from ..policy.trainable import in_dtype
         from .fsdp import full_state_dict
 
         state = full_state_dict(self.model) if self.sharded else self.model.state_dict()
-        return {k: v.detach().cpu().clone() for k, v in state.items()} if self.rank == 0 else None
+        return in_dtype({k: v.detach().cpu() for k, v in state.items()}, self.cfg.policy.dtype) if self.rank == 0 else None
 
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> bool:
         """Rank 0 only: become group rank 0 (the sender) of the weight-broadcast group."""
@@ -183,7 +187,9 @@ class TrainRank:
     def load_checkpoint(self, path: str) -> dict:
         from .checkpoint import load_sharded
 
-        return load_sharded(path, self.model, self.worker.optimizer, self.worker.scheduler, self.rank, self.world_size)
+        # the driver verified the checkpoint once when it chose it (start_point): not again on every rank
+        return load_sharded(path, self.model, self.worker.optimizer, self.worker.scheduler, self.rank, self.world_size,
+                            verified=True)
 
     def save_final(self, target: str) -> str | None:
         """The consolidated model in the HF layout (a collective; rank 0 writes it)."""
@@ -287,11 +293,20 @@ class RayGRPO(GRPODriver):
         self.step = 0
         self.ray = _require_ray()
         self.train_df = read_split(cfg.train_data)
+        from ..cluster.plan import resolve_prompt_limits
+
+        self.cfg = cfg = resolve_prompt_limits(cfg, self.train_df)  # vLLM's per-prompt limits, for the actors' engines
         self.sampler = MazeSampler(len(self.train_df), cfg.seed)
         self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
-        self.mirror = (CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints, tensorboard=self.out / "tensorboard")
-                       if cfg.checkpoint_uri else None)
+        self.mirror = self.checkpoint_mirror(cfg, self.out)
         self._start()
+
+    @staticmethod
+    def checkpoint_mirror(cfg: GRPOConfig, out: Path) -> CheckpointMirror | None:
+        """The run's checkpoints on S3 (checkpoint_uri), uploaded in the background while training goes on."""
+        if not cfg.checkpoint_uri:
+            return None
+        return CheckpointMirror(cfg.checkpoint_uri, cfg.keep_checkpoints, tensorboard=out / "tensorboard", background=True)
 
     # ---- the actors ------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -405,7 +420,13 @@ class RayGRPO(GRPODriver):
         batches, stats = self.mini_batches(trajs)
         per_rank_seconds = [0.0] * len(self.ranks)
         counted, lr = [], None
-        per_rank = self._on_all_ranks("train_steps", batches, self.step + 1)  # [rank][mini-batch]
+        # each rank is sent only its slice of every mini-batch (samples, images and advantages): the rest
+        # would cross the network to be ignored
+        n = len(self.ranks)
+        per_rank = self.ray.get([rank.train_steps.remote([b.slice_for_rank(r, n) for b in batches], self.step + 1)
+                                 for r, rank in enumerate(self.ranks)])  # [rank][mini-batch]
+        for r, outs in enumerate(per_rank):
+            stats[f"update/rank{r}_samples"] = sum(out["samples_received"] for out in outs)
         for outs in zip(*per_rank):
             for r, out in enumerate(outs):
                 per_rank_seconds[r] += out["seconds"]
@@ -435,6 +456,8 @@ class RayGRPO(GRPODriver):
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
+        if self.mirror is not None:
+            self.mirror.wait()  # the previous upload is done (or its failure raised) before anything is pruned
         target = self.checkpoints.root / f"step-{self.step:08d}"
         target.parent.mkdir(parents=True, exist_ok=True)
         state = {"step": self.step, "config": self.cfg.model_dump(mode="json"), "sampler": self.sampler.state_dict()}
@@ -442,15 +465,21 @@ class RayGRPO(GRPODriver):
         (self.checkpoints.root / "latest").write_text(target.name + "\n")
         self.checkpoints.prune()
         if self.mirror is not None:
-            self.mirror.after_save(target)
+            self.mirror.after_save(target)  # in the background: the next step starts now
         return target
 
-    def resume(self, how: str, overwrite: bool = False) -> int | None:
+    def finish_uploads(self, raise_failure: bool = True) -> None:
+        """The end of the run: the last checkpoint's upload is done, or its failure is raised (logged
+        with `raise_failure=False`, when the run has failed already)."""
+        if self.mirror is not None:
+            self.mirror.close(raise_failure)
+
+    def resume(self, how: str, overwrite: bool = False, discard_damaged: bool = False) -> int | None:
         """Where the run starts: the same rules as in process (`rl.trainer.start_point`)."""
         from ..rl.common import training_inputs
         from ..rl.trainer import start_point
 
-        path = start_point(how, self.out, self.checkpoints, self.mirror, training_inputs(self.cfg), overwrite)
+        path = start_point(how, self.out, self.checkpoints, self.mirror, training_inputs(self.cfg), overwrite, discard_damaged)
         if path is None:
             return None
         state = self._on_all_ranks("load_checkpoint", str(path))[0]
@@ -459,11 +488,11 @@ class RayGRPO(GRPODriver):
         return self.step
 
     # ---- the loop --------------------------------------------------------------------------------
-    def run(self, resume: str = "auto", overwrite: bool = False) -> dict:
+    def run(self, resume: str = "auto", overwrite: bool = False, discard_damaged: bool = False) -> dict:
         cfg = self.cfg
         record: dict = {}
         try:
-            resumed = self.resume(resume, overwrite)
+            resumed = self.resume(resume, overwrite, discard_damaged)
             sync_s = self.sync_weights()  # the engines start from the trainer's weights, version = step
             metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
             from .prometheus import TrainingGauges
@@ -514,6 +543,10 @@ class RayGRPO(GRPODriver):
             finally:
                 metrics.close()
             self._on_all_ranks("save_final", str(self.out / "final"))
+            self.finish_uploads()
+        except BaseException:
+            self.finish_uploads(raise_failure=False)  # not raised over the error that ended the run
+            raise
         finally:
             self.shutdown()
         return record

@@ -4,7 +4,8 @@
                    -> compare -> If(compare's output == 1) -> promote
     inside an ExitHandler whose cleanup deletes launched resources (nothing locally).
 
-Generation is cached (same preset + seeds = same splits); training and evaluation are not.
+Generation is cached (same preset + seeds = same splits); training and evaluation are not. Both
+evaluations show the mazes as the GRPO job does (its config), so the pair can be compared.
 Steps that can hit transient faults (storage, cluster) retry. The branch is on a number.
 """
 
@@ -49,14 +50,15 @@ def build_pipeline(profile: Profile):
                                   steps=sft_steps, run_id=run_id, profile=profile_json)
             warm.set_caching_options(False)
             baseline = comps["evaluate"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
-                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="", label="baseline").set_caching_options(False)
+                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="", label="baseline",
+                                         config=grpo_config).set_caching_options(False)
             baseline.set_display_name("evaluate-baseline")
             train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps,
                                         backend=profile.backend, run_id=run_id, profile=profile_json)
             train.set_caching_options(False).set_retry(1)
             trained = comps["evaluate"](model=train.outputs["model"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log=train.outputs["training_log"],
-                                        label="trained").set_caching_options(False)
+                                        label="trained", config=grpo_config).set_caching_options(False)
             trained.set_display_name("evaluate-trained")
             decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
                                         min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)
@@ -70,6 +72,13 @@ def build_pipeline(profile: Profile):
                 # and no Kueue labels (the RayJob is the workload Kueue admits; the launcher must not queue too)
                 _apply_cluster_settings(profile, [seed, gen, start, warm, baseline, trained, decision, promote])
                 _apply_cluster_settings(profile, [train, cleanup], scheduling=False)
+                # the train pod's name, uid and namespace (downward API): the RayJob's owner reference
+                from kfp import kubernetes
+
+                from ..cluster.rayjob import POD_ENV_FIELDS
+
+                for env_name, field_path in POD_ENV_FIELDS.items():
+                    kubernetes.use_field_path_as_env(train, env_name=env_name, field_path=field_path)
             else:
                 _apply_cluster_settings(profile, [seed, gen, start, warm, baseline, train, trained, decision, promote, cleanup])
             if profile.task_gpus and profile.backend == "local":  # the model runs inside these pods

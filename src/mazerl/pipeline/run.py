@@ -36,6 +36,9 @@ def compile_pipeline(profile: Profile, out: str | Path) -> Path:
     from ..config import ConfigError
 
     profile.check_pinned()
+    from ..cluster.plan import check_profile
+
+    check_profile(profile)  # the profile's training job fits its GPUs, before anything is compiled or submitted
     out = Path(out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give the file to write, e.g. {out / 'mazerl-pipeline.yaml'}")

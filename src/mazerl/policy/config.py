@@ -18,8 +18,10 @@ class VLLMSettings(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     # upper bounds: vLLM refuses more only when the engine starts, on the GPU
-    max_model_len: int = Field(4096, ge=64, le=1_048_576, description="longest prompt + reply, in tokens")
-    max_images_per_prompt: int = Field(8, ge=1, le=1_024, description="images one prompt may carry (history.images + 1 is enough)")
+    # None: derived from the history, the turn budget and max_new_tokens (cluster/plan.py); a value set below
+    # what the history needs is refused, never raised
+    max_model_len: int | None = Field(None, ge=64, le=1_048_576, description="longest prompt + reply, in tokens (None: derived)")
+    max_images_per_prompt: int | None = Field(None, ge=1, le=1_024, description="images one prompt may carry (None: derived)")
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="GPU share vLLM may take (colocated: leave room for training)")
     enable_sleep_mode: bool = Field(False, description="sleep during updates (GPU only; colocated mode)")
 
@@ -30,7 +32,10 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     model: str = Field(description="model directory or hub id (cluster: Qwen/Qwen3-VL-8B-Instruct)")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="the weights' dtype for inference (engines, evaluation, the KL anchor); in training, "
+        "what the policy computes in: the trained weights, their gradients and AdamW state are float32 "
+        "(policy.trainable.training_dtype)")
     device: str = Field("cpu", description="cpu, cuda or cuda:N; a GPU is looked for when the model is opened")
     prompt: Literal["full", "short"] = Field("full", description="system prompt; 'short' saves tokens for the tiny model")
     history: HistoryConfig = HistoryConfig()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..rollout.engine import InferenceEngine, SamplingParams
 from ..rollout.factory import make_engine
 from .chat import ChatFormat
@@ -29,9 +31,29 @@ class TrainablePolicy:
                                     banned_ids=tuple(self.chat.banned_reply_ids))
 
 
-def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None, with_engine: bool = True) -> TrainablePolicy:
-    """The model and its chat format, and (with_engine) the inference engine `cfg.engine` names."""
-    policy = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device)
+def training_dtype(cfg: PolicyConfig, lora: LoraSettings | None = None) -> str:
+    """The dtype a policy is opened in to be trained: float32, whatever `cfg.dtype` says, so that its weights,
+    gradients and AdamW state are float32 masters; `cfg.dtype` is then only what it computes in (autocast in
+    one process, FSDP2's param_dtype on the ranks). In bf16 an lr-1e-6 step smaller than half a bf16 ulp of
+    its weight (any weight above ~2.6e-4 in magnitude) would round away. A LoRA model's frozen base keeps
+    `cfg.dtype` (peft holds the adapters, the trained part, in float32)."""
+    return cfg.dtype if lora is not None else "float32"
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute every decoder layer and vision block in the backward pass instead of keeping their
+    activations (transformers' gradient checkpointing, non-reentrant: it composes with FSDP2 and with
+    inputs that need no gradient). Only in training mode: generation and reference passes are unaffected."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # unwrap peft
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None, with_engine: bool = True,
+                for_training: bool = False, activation_checkpointing: bool = False) -> TrainablePolicy:
+    """The model and its chat format, and (with_engine) the inference engine `cfg.engine` names.
+    `for_training`: the weights in `training_dtype` (float32 masters); `activation_checkpointing`: see
+    enable_activation_checkpointing. An engine with its own copy (vLLM) still loads `cfg.dtype`."""
+    policy = load_policy(cfg.model, dtype=training_dtype(cfg, lora) if for_training else cfg.dtype, device=cfg.device)
     if lora is not None:
         from peft import LoraConfig, get_peft_model
 
@@ -39,6 +61,8 @@ def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None, with_engine
             policy.model,
             LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules),
         )
+    if activation_checkpointing:
+        enable_activation_checkpointing(policy.model)
     policy.model.train()
     chat = ChatFormat(policy.processor, system_prompt=PROMPTS[cfg.prompt])
     choices = ActionGrammar.from_chat(chat).word_ids if cfg.reply_grammar == "action" else None
@@ -61,6 +85,13 @@ def save_model_dir(model, processor, target, view: PolicyConfig | None = None) -
         processor.save_pretrained(tmp)
         if view is not None:
             write_json(tmp / PolicyConfig.VIEW_FILE, view.view())
+
+
+def in_dtype(state: dict, dtype: str) -> dict:
+    """A copy of `state` with its floating-point tensors in `dtype` (a PolicyConfig dtype name): what an engine
+    or a saved model holds, from a trainer's float32 masters. Integer buffers keep theirs."""
+    target = getattr(torch, dtype)
+    return {k: v.to(target, copy=True) if v.is_floating_point() else v.clone() for k, v in state.items()}
 
 
 def serving_weights(state: dict, lora: LoraSettings | None = None) -> dict:

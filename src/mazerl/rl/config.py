@@ -53,6 +53,10 @@ class DistributedSettings(BaseModel):
         "auto", description="how updated weights reach the rollout actors: object_store (gathered on the driver, "
         "ray.put), broadcast (a process group of rank 0 and the actors: NCCL when ranks and actors have GPUs of their "
         "own, i.e. split placement, else gloo); auto: broadcast over NCCL where that applies, else object_store")
+    activation_checkpointing: bool = Field(
+        False, description="keep only each decoder layer's and vision block's input in the forward pass and recompute "
+        "the rest in the backward pass (non-reentrant torch checkpointing via transformers): the same loss and "
+        "gradients in less memory, for one more forward pass; in process and on every FSDP2 rank")
 
     @field_validator("gpus_per_rank", "gpus_per_rollout_worker")
     @classmethod

@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
-from ..policy.trainable import open_policy, save_model_dir, serving_weights
+from ..policy.trainable import in_dtype, open_policy, save_model_dir, serving_weights
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from ..storage import CheckpointMirror
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
@@ -38,7 +38,7 @@ from .data import MazeSampler
 from .driver import GRPODriver, StaleRolloutError, episode_metrics, turn_state_keys, update_stats  # noqa: F401 (re-exported)
 from .optim import set_schedule_horizon
 from .precision import mixed_precision, report_autocast
-from .worker import PolicyWorker
+from .worker import PolicyWorker, compute_autocast
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,18 @@ KILL_AFTER_STEP_ENV = "MAZERL_FAULT_KILL_AFTER_STEP"
 class GRPOTrainer(GRPODriver):
     def __init__(self, cfg: GRPOConfig, on_step=None):
         refuse_inputs_in_run_files(cfg, RUN_FILES)  # before any work: the run may replace these files
+        if cfg.policy.engine == "vllm":  # its per-prompt limits, from the split it plays (cluster/plan.py)
+            from ..cluster.plan import resolve_prompt_limits
+
+            cfg = resolve_prompt_limits(cfg, read_split(cfg.train_data))
         self.cfg = cfg
         self.on_step = on_step  # callback(step, metrics) for progress display
         self.out = Path(cfg.output_dir)
         seed_everything(cfg.seed)
-        report_autocast(cfg.autocast, cfg.policy.device, log)
-        self.tp = open_policy(cfg.policy, cfg.lora)
+        report_autocast(compute_autocast(cfg), cfg.policy.device, log)
+        # float32 master weights (policy.dtype is what they compute in), the engine serving this very module
+        self.tp = open_policy(cfg.policy, cfg.lora, for_training=True,
+                              activation_checkpointing=cfg.distributed.activation_checkpointing)
         self.model = self.tp.policy.model
         if cfg.freeze_vision:
             frozen = [p for name, p in self.model.named_parameters() if ".visual." in f".{name}"]
@@ -113,9 +119,9 @@ class GRPOTrainer(GRPODriver):
             self.mirror.after_save(path)
         return path
 
-    def resume(self, how: str, overwrite: bool = False) -> int | None:
+    def resume(self, how: str, overwrite: bool = False, discard_damaged: bool = False) -> int | None:
         """Where the run starts (see `start_point`); the step resumed from, or None."""
-        path = start_point(how, self.out, self.checkpoints, self.mirror, training_inputs(self.cfg), overwrite)
+        path = start_point(how, self.out, self.checkpoints, self.mirror, training_inputs(self.cfg), overwrite, discard_damaged)
         return None if path is None else self._load_checkpoint(path)
 
     def _load_checkpoint(self, path: Path) -> int:
@@ -137,7 +143,7 @@ class GRPOTrainer(GRPODriver):
         items = items_from_split(self.train_df, rows, cfg.policy.render_scale, cfg.max_turns)
         sampling = self.tp.sampling(temperature=cfg.temperature, top_p=cfg.top_p,
                                        seed=derive_seed(cfg.seed, "rollout", self.step + 1))
-        with mixed_precision(cfg.autocast, cfg.policy.device):
+        with mixed_precision(compute_autocast(cfg), cfg.policy.device):
             return rollout(self.tp.engine, self.chat, items, group_size=cfg.group_size, sampling=sampling,
                            env_config=cfg.env, history=cfg.policy.history)
 
@@ -166,12 +172,13 @@ class GRPOTrainer(GRPODriver):
         weights = None
         if not engine.shares_module:
             weights = serving_weights(self.tp.policy.model.state_dict(), self.cfg.lora)
+            weights = in_dtype(weights, self.cfg.policy.dtype)  # its own dtype, not the float32 masters
         engine.sync_weights(weights, version=self.step)
 
     # ---- the loop ------------------------------------------------------------------------------
-    def run(self, resume: str = "auto", overwrite: bool = False) -> dict:
+    def run(self, resume: str = "auto", overwrite: bool = False, discard_damaged: bool = False) -> dict:
         cfg = self.cfg
-        resumed = self.resume(resume, overwrite)
+        resumed = self.resume(resume, overwrite, discard_damaged)
         self._sync_engine()  # version = updates applied so far (the resumed weights, on resume)
         metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
         kill_after = int(os.environ.get(KILL_AFTER_STEP_ENV, "0") or 0)
@@ -233,14 +240,17 @@ def run_files(out: Path) -> list[Path]:
     return [out / n for n in RUN_FILES if (out / n).exists() and not ((out / n).is_dir() and not any((out / n).iterdir()))]
 
 
-def start_point(how: str, out: Path, checkpoints, mirror, inputs: dict, overwrite: bool = False) -> Path | None:
+def start_point(how: str, out: Path, checkpoints, mirror, inputs: dict, overwrite: bool = False,
+                discard_damaged: bool = False) -> Path | None:
     """The checkpoint a run resumes from, or None for a fresh start (both backends use it).
 
     `auto`: the latest complete checkpoint (fetched from the mirror on S3 when none is local);
     `never`: a fresh start; else a checkpoint directory, its manifest hashes verified. A fresh start
     goes only into an output directory without an earlier run's files, unless `overwrite` (which
-    removes them, never an input); checkpoints that exist but all fail verification are an error,
-    not a silent restart."""
+    removes them, never an input). Checkpoints that exist but all fail verification are an error
+    naming each, not a restart from step 0, `overwrite` or not: discarding them takes
+    `discard_damaged` (--discard-damaged-checkpoints). Every checkpoint a fresh start removes is named
+    in a warning."""
     # what the run reads is never pruned, nor a checkpoint it was told to resume from
     checkpoints.inputs = tuple(Path(p) for p in inputs.values() if p is not None)
     if how not in ("auto", "never"):
@@ -251,21 +261,27 @@ def start_point(how: str, out: Path, checkpoints, mirror, inputs: dict, overwrit
         checkpoints.inputs += (path,)
         return path
     if how == "auto":
-        if mirror is not None and checkpoints.latest() is None:
-            mirror.restore_latest(checkpoints.root)  # e.g. a new pod: the run's checkpoints are on S3
+        path = checkpoints.latest()  # each checkpoint verified once: the ranks do not verify it again
+        if path is None and mirror is not None:
+            # e.g. a new pod: the run's checkpoints are on S3; the download checks every file's hash
+            path = mirror.restore_latest(checkpoints.root)
         found = checkpoints.step_dirs()
-        path = checkpoints.latest()
         if path is not None:
             return path
-        if found and not overwrite:
+        if found and not discard_damaged:
             problems = "; ".join(f"{p.name}: {verify(p)}" for _, p in found)
-            raise ResumeError(f"no usable checkpoint in {checkpoints.root} ({problems}). Resume from a "
-                              "checkpoint directory with --resume DIR, or start over with --resume never --overwrite")
+            raise ResumeError(f"no usable checkpoint in {checkpoints.root}: every one is damaged ({problems}); nothing "
+                              "was discarded. Resume from a repaired checkpoint with --resume DIR, or discard them and "
+                              "start over from step 0 with --discard-damaged-checkpoints --overwrite")
     earlier = run_files(out)
     if earlier and not overwrite:
         raise ResumeError(f"{out} holds an earlier run ({', '.join(p.name for p in earlier)}) and nothing to "
                           "resume from; pass --overwrite to replace it, or choose another output_dir")
     refuse_inputs_inside(out, inputs, replaced=earlier, choose="choose another output_dir")
+    discarded = [p for _, p in checkpoints.step_dirs()] if checkpoints.root in earlier else []
+    if discarded:  # never silently: each checkpoint thrown away is named, with what was wrong with it
+        log.warning("starting over from step 0: discarding %d checkpoint(s) in %s: %s", len(discarded), checkpoints.root,
+                    "; ".join(p.name + (f" (damaged: {problem})" if (problem := verify(p)) else " (intact)") for p in discarded))
     for p in earlier:
         shutil.rmtree(p) if p.is_dir() else p.unlink()
     return None

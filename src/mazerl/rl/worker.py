@@ -2,8 +2,8 @@
 
 `PolicyWorker.train_step` runs one optimizer step on a mini-batch prepared by the driver
 (`GRPOTrainer.mini_batches`). In one process it sees the whole mini-batch; as one of N ranks of a
-data-parallel group (FSDP2, `distributed/`) it takes every N-th sample, keeps the mini-batch's
-global normalisers, and scales its loss by N because FSDP averages gradients across ranks: the
+data-parallel group (FSDP2, `distributed/`) it trains on every N-th sample (the Ray driver sends each
+rank only those: `MiniBatch.slice_for_rank`), keeps the mini-batch's global normalisers, and scales its loss by N because FSDP averages gradients across ranks: the
 summed gradient, and so the update, is the same as in one process.
 """
 
@@ -34,6 +34,30 @@ class MiniBatch:
     tokens: int  # loss tokens in the mini-batch
     episodes: int  # trajectories in the mini-batch
     episode_tokens: torch.Tensor  # per trajectory index: its loss tokens in the mini-batch
+    # On a rank's slice (`slice_for_rank`): the (rank, world size) it was cut for, how many of its samples
+    # are its own, and the most samples any rank owns (every rank runs that many micro-batches' worth).
+    cut_for: tuple[int, int] | None = None
+    own_samples: int = 0
+    most_rank_samples: int = 0
+
+    def slice_for_rank(self, rank: int, world_size: int) -> "MiniBatch":
+        """What rank `rank` of `world_size` trains on, and all it needs to be sent: every
+        `world_size`-th sample from `rank` on, with the whole mini-batch's normalisers. A rank with no
+        sample of its own gets the first one as a stand-in for its zero-weight pass (FSDP's collectives
+        need every rank to run)."""
+        own = list(range(rank, len(self.samples), world_size))
+        sent = own if own or not self.samples else [0]
+        return MiniBatch(samples=[self.samples[i] for i in sent], episode=[self.episode[i] for i in sent],
+                         token_advantages=[self.token_advantages[i] for i in sent], tokens=self.tokens,
+                         episodes=self.episodes, episode_tokens=self.episode_tokens, cut_for=(rank, world_size),
+                         own_samples=len(own), most_rank_samples=-(-len(self.samples) // world_size))
+
+
+def compute_autocast(cfg: GRPOConfig) -> str:
+    """What a GRPO update (and the in-process rollouts) compute in, for `mixed_precision`: policy.dtype when it
+    is below float32 (the trained weights are then float32 masters, `open_policy(for_training=True)`, and
+    only the arithmetic is in policy.dtype), else the `autocast` setting over float32 weights."""
+    return cfg.policy.dtype if cfg.policy.dtype != "float32" else cfg.autocast
 
 
 class PolicyWorker:
@@ -50,6 +74,8 @@ class PolicyWorker:
         self.reference = reference
         if reference is None and cfg.kl_coef > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+            if cfg.policy.dtype != "float32":  # never trained: it may hold the compute dtype, at half the memory
+                self.reference.to(getattr(torch, cfg.policy.dtype))
 
     def _reference_logprobs(self, samples, sampling) -> torch.Tensor:
         with torch.no_grad():
@@ -59,11 +85,17 @@ class PolicyWorker:
                 return token_logprobs(self.model, self.chat, samples, sampling, False, self.choices).logprobs
 
     def _micro_batch_rows(self, batch: MiniBatch) -> list[list[int]]:
-        """This rank's sample indices, one list per micro-batch: every N-th sample of the mini-batch.
-        Every rank runs the same number of micro-batches (FSDP's collectives pair them up); a rank
-        short of samples gets an empty list, for a zero-weight pass."""
-        mine = list(range(self.rank, len(batch.samples), self.world_size))
-        per_rank = -(-len(batch.samples) // self.world_size)
+        """This rank's sample indices, one list per micro-batch: every N-th sample of a whole mini-batch,
+        or every own sample of the rank's slice. Every rank runs the same number of micro-batches
+        (FSDP's collectives pair them up); a rank short of samples gets an empty list, for a zero-weight pass."""
+        if batch.cut_for is None:
+            mine = list(range(self.rank, len(batch.samples), self.world_size))
+            per_rank = -(-len(batch.samples) // self.world_size)
+        elif batch.cut_for != (self.rank, self.world_size):
+            raise ValueError(f"a mini-batch slice cut for rank {batch.cut_for[0]} of {batch.cut_for[1]} was sent to "
+                             f"rank {self.rank} of {self.world_size}")
+        else:
+            mine, per_rank = list(range(batch.own_samples)), batch.most_rank_samples
         return [mine[start : start + self.cfg.micro_batch] for start in range(0, per_rank, self.cfg.micro_batch)]
 
     def rescore_old_logprobs(self, batches: list[MiniBatch], sampling: SamplingParams) -> None:
@@ -71,7 +103,7 @@ class PolicyWorker:
         with the trainer's weights (an engine's numbers differ slightly) and keep them as the behaviour
         policy's. Done for every mini-batch up front, so later mini-batches are still compared with
         the weights that sampled them, not with weights this step already changed."""
-        with torch.no_grad(), mixed_precision(self.cfg.autocast, self.cfg.policy.device):
+        with torch.no_grad(), mixed_precision(compute_autocast(self.cfg), self.cfg.policy.device):
             for batch in batches:
                 if not batch.samples:
                     continue
@@ -99,7 +131,7 @@ class PolicyWorker:
             rows = rows or [0]
             samples = [batch.samples[i] for i in rows]
             traj_of_row = torch.tensor([batch.episode[i] for i in rows])
-            with mixed_precision(cfg.autocast, cfg.policy.device):  # backward follows the forward's dtypes
+            with mixed_precision(compute_autocast(cfg), cfg.policy.device):  # backward follows the forward's dtypes
                 ref = self._reference_logprobs(samples, sampling) if cfg.kl_coef > 0 else None
                 tl = token_logprobs(self.model, self.chat, samples, sampling, allowed_ids=self.choices)
             old = tl.old_logprobs  # the engine's, or the trainer's own after rescore_old_logprobs

@@ -18,6 +18,10 @@ def make_engine(cfg: PolicyConfig, model, chat: ChatFormat) -> InferenceEngine:
     if cfg.engine == "vllm":
         from .vllm_engine import VLLMEngine
 
+        if cfg.vllm.max_model_len is None or cfg.vllm.max_images_per_prompt is None:
+            from ..cluster.plan import default_prompt_limits  # the trainers resolve them from their split first
+
+            cfg = default_prompt_limits(cfg, chat.image_tokens)
         v = cfg.vllm
         return VLLMEngine(cfg.model, chat, dtype=cfg.dtype, max_model_len=v.max_model_len,
                           max_images_per_prompt=v.max_images_per_prompt, gpu_memory_utilization=v.gpu_memory_utilization,

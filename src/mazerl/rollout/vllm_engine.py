@@ -99,8 +99,7 @@ class VLLMEngine:
         except GrammarError:
             self.grammar = None
         self.weights_version = 0
-        self.vocab_size = len(chat.tokenizer)
-        self._allowed_cache: dict[tuple[int, ...], list[int]] = {}
+        self._bad_words_cache: dict[tuple[int, ...], list[str]] = {}
         self.sleep_supported = enable_sleep_mode and not _on_cpu()  # a no-op on CPU
         self._asleep = False
         self._weights_dir = Path(tempfile.mkdtemp(prefix="mazerl-vllm-weights-"))
@@ -153,18 +152,29 @@ class VLLMEngine:
         if params.grammar == "action":
             # one sampled token among the action words; the grammar's fixed tokens are added around it
             return VLLMSamplingParams(max_tokens=1, allowed_token_ids=list(self.grammar.word_ids), **common)
-        allowed = None
-        if params.banned_ids:  # exact: masked to -inf, as the trainer's log-probabilities assume
-            allowed = self._allowed(params.banned_ids)
+        # exact: the banned tokens are masked to -inf at every step, as the trainer's log-probabilities assume
+        bad_words = self._bad_words(params.banned_ids) if params.banned_ids else None
         return VLLMSamplingParams(max_tokens=params.max_new_tokens, top_p=params.top_p, stop_token_ids=[self.end_id],
-                                  allowed_token_ids=allowed, **common)
+                                  bad_words=bad_words, **common)
 
-    def _allowed(self, banned_ids: tuple[int, ...]) -> list[int]:
-        """Every token id but the banned ones (built once per banned set: ~150k ids for Qwen's vocabulary)."""
-        if banned_ids not in self._allowed_cache:
-            banned = set(banned_ids)
-            self._allowed_cache[banned_ids] = [t for t in range(self.vocab_size) if t not in banned]
-        return self._allowed_cache[banned_ids]
+    def _bad_words(self, banned_ids: tuple[int, ...]) -> list[str]:
+        """The banned token ids as vLLM `bad_words`: each token's own text, which vLLM tokenizes back to
+        that one id and masks to -inf before sampling (so a request carries a few words, not an
+        allow-list of the other ~150k ids of Qwen's vocabulary). Checked once per banned set with vLLM's
+        own tokenization: a token whose text would ban anything but exactly itself is refused."""
+        if banned_ids not in self._bad_words_cache:
+            from vllm import SamplingParams as VLLMSamplingParams
+
+            tokenizer = self.llm.get_tokenizer()
+            words = [tokenizer.decode([t]) for t in banned_ids]
+            probe = VLLMSamplingParams(bad_words=words)
+            probe.update_from_tokenizer(tokenizer)  # what the engine does with every request's bad words
+            if probe.bad_words_token_ids != [[t] for t in banned_ids]:
+                raise VLLMUnavailableError(
+                    f"vLLM cannot ban tokens {list(banned_ids)} exactly: as bad words {words!r} they become token "
+                    f"sequences {probe.bad_words_token_ids}; use policy.engine: hf for this tokenizer")
+            self._bad_words_cache[banned_ids] = words
+        return self._bad_words_cache[banned_ids]
 
     def _output(self, completion, params: SamplingParams) -> GenerationOutput:
         ids = list(completion.token_ids)
