@@ -547,7 +547,8 @@ def _gib(n: float) -> str:
 def weight_sync(job: Job) -> tuple[int, float]:
     """Bytes moved per step to bring the updated weights to the engines, and seconds at the links.
 
-    The full state dict (everything the ranks hold: master_weights x shards) is gathered on rank 0.
+    The full state dict is gathered on rank 0 and sent in policy.dtype (what the engines run in; the fp32
+    master weights stay on the ranks): parameters x dtype bytes per copy.
     object_store (colocated placement): rank 0 hands it to the driver on the Ray head, which puts it in the
     object store, from which every engine fetches a copy: 1 + engines copies over the network. broadcast
     (split placement, NCCL): rank 0 sends one copy to each engine over NVLink (one node) or the network.
@@ -555,7 +556,7 @@ def weight_sync(job: Job) -> tuple[int, float]:
     cfg = job.cfg
     if cfg.policy.engine == "hf" and cfg.distributed.backend != "ray":
         return 0, 0.0
-    full = master_weights(job, 1)
+    full = job.arch.total_params * job.dtype_bytes
     hw = job.hardware
     if cfg.distributed.backend != "ray":  # one process: into its own vLLM engine through host memory
         return full, full / hw.host_link_bytes_per_s
