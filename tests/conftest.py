@@ -116,3 +116,14 @@ def hyperpod(s3):
                                        "ThreadsPerCore": 1, "ExecutionRole": "arn:aws:iam::123456789012:role/hp",
                                        "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle-mazerl/lc", "OnCreate": "on_create.sh"}}])
     return sm
+
+
+def assert_clear_error(result, *fragments, code=2):
+    """A CLI result that is one clear message: exit `code`, the fragments in it, no traceback or internal error."""
+    text = result.output
+    assert result.exit_code == code, text
+    assert "Traceback" not in text and "internal error" not in text, text
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "error" in text.lower(), text
+    for f in fragments:
+        assert f.lower() in " ".join(text.lower().split()), (f, text)

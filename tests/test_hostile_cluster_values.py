@@ -23,7 +23,7 @@ from mazerl.cluster.rayjob import RayJobSpecError, build_rayjob, entrypoint
 from mazerl.config import ConfigError, load_config, parse_overrides
 from mazerl.profiles import PROFILE_DIR, load_profile
 from mazerl.rl.config import GRPOConfig
-from test_bad_input import assert_clear_error
+from conftest import assert_clear_error
 
 runner = CliRunner()
 SETTINGS = settings(max_examples=int(os.environ.get("MAZERL_PROPERTY_EXAMPLES", "40")), deadline=None, derandomize=True,

@@ -23,6 +23,7 @@ from mazerl.cli import app
 from mazerl.errors import UserError
 from mazerl.mazes.dataset_io import read_split, records, write_split
 from mazerl.mazes.layout import MazeError
+from conftest import assert_clear_error
 
 runner = CliRunner()
 SETTINGS = settings(max_examples=int(os.environ.get("MAZERL_PROPERTY_EXAMPLES", "40")), deadline=None, derandomize=True,
@@ -33,15 +34,6 @@ def run(*args, env=None):
     return runner.invoke(app, [str(a) for a in args], env=env)
 
 
-def assert_clear_error(result, *fragments, code=2):
-    """Exit `code`, one short message, the fragments in it, no traceback anywhere."""
-    text = result.output
-    assert result.exit_code == code, text
-    assert "Traceback" not in text and "internal error" not in text, text
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "error" in text.lower(), text
-    for f in fragments:
-        assert f.lower() in " ".join(text.lower().split()), (f, text)
 
 
 def tree_digest(folder: Path) -> dict[str, str]:

@@ -18,7 +18,7 @@ from mazerl.cli import app
 from mazerl.kfp_remote import KFPError, parse_schedule
 
 from kfp_api_server import KFPServer, KFPState
-from test_bad_input import assert_clear_error
+from conftest import assert_clear_error
 
 runner = CliRunner()
 PROFILE = "hyperpod-g5"

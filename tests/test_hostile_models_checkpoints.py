@@ -31,7 +31,7 @@ from mazerl.policy.loading import PolicyLoadError, load_policy, packaged_model_d
 from mazerl.rl.checkpoint import MANIFEST, verify
 
 from conftest import S3_TEST_BUCKET
-from test_bad_input import assert_clear_error
+from conftest import assert_clear_error
 
 runner = CliRunner()
 SETTINGS = settings(max_examples=int(os.environ.get("MAZERL_PROPERTY_EXAMPLES", "40")), deadline=None, derandomize=True,
