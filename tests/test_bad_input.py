@@ -29,8 +29,6 @@ def run(*args, env=None):
     return runner.invoke(app, [str(a) for a in args], env=env)
 
 
-
-
 def tree_digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}

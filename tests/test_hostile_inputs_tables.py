@@ -24,36 +24,11 @@ from mazerl.errors import UserError
 from mazerl.mazes.dataset_io import read_split, records, write_split
 from mazerl.mazes.layout import MazeError
 from conftest import assert_clear_error
+from test_bad_input import maze_rows, minimal, run, tree_digest, write_table  # noqa: F401 (maze_rows: a fixture)
 
 runner = CliRunner()
 SETTINGS = settings(max_examples=int(os.environ.get("MAZERL_PROPERTY_EXAMPLES", "40")), deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def run(*args, env=None):
-    return runner.invoke(app, [str(a) for a in args], env=env)
-
-
-
-
-def tree_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def write_table(path: Path, rows: list[dict]) -> Path:
-    """A maze table exactly as given (no schema), the way a user's tool would write it."""
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
-
-
-@pytest.fixture()
-def maze_rows(small_mazes) -> list[dict]:
-    return records(read_split(small_mazes / "heldout.parquet"))[:4]
-
-
-def minimal(rows: list[dict]) -> list[dict]:
-    return [{k: r[k] for k in ("maze_id", "grid", "start", "goal")} for r in rows]
 
 
 @pytest.fixture()
