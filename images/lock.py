@@ -5,7 +5,8 @@
 
 Each lock is what pip resolves for the image's install line; run it with Python 3.11 on Linux
 x86_64 (the images' platform: `make lock-images` uses the project's venv), with the shared pins: the runtime image installs `.[kfp,aws]` under
-requirements/constraints.txt; the trainer image installs requirements/trainer.txt and `.[aws]`.
+requirements/constraints.txt; the trainer image installs requirements/trainer.txt and `.[kfp,aws]` (kfp: the
+evaluate tasks of a profile with eval_engine vllm run as KFP components in it).
 The Dockerfiles install the lock, then mazerl itself with --no-deps, so a rebuild next month gets
 the same packages. tests/test_cluster_files.py checks each lock still satisfies the package's
 requirements (a dependency added without re-locking fails there).
@@ -22,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = {
     "runtime": ["./[kfp,aws]", "-c", "requirements/constraints.txt"],
-    "trainer": ["-r", "requirements/trainer.txt", "./[aws]"],
+    "trainer": ["-r", "requirements/trainer.txt", "./[kfp,aws]"],
 }
 
 

@@ -1,4 +1,5 @@
-# mazerl trainer: the GPU image of the RayJob (Ray head and workers: vLLM rollouts, FSDP2 updates).
+# mazerl trainer: the GPU image of the RayJob (Ray head and workers: vLLM rollouts, FSDP2 updates) and
+# of the evaluate tasks of profiles with eval_engine vllm.
 # Build from the repository root:
 #   docker build -f images/trainer.Dockerfile -t <registry>/mazerl-trainer:<tag> .
 # then pin it by digest in the profile (images.trainer: <registry>/mazerl-trainer@sha256:...).
@@ -45,8 +46,9 @@ RUN pip install -r requirements/trainer.lock
 COPY --chown=1000:100 pyproject.toml README.md ./
 COPY --chown=1000:100 src/ src/
 # mazerl itself; its dependencies are in the lock (pip check fails the build if one is missing).
-# Configs and models are package data.
-RUN pip install --no-deps './[aws]' && pip check
+# Configs and models are package data. [kfp]: the evaluate tasks of a profile with eval_engine vllm
+# run as KFP components in this image (the KFP executor imports kfp).
+RUN pip install --no-deps './[kfp,aws]' && pip check
 
 USER 1000
 CMD ["mazerl", "--help"]

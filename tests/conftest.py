@@ -127,3 +127,23 @@ def assert_clear_error(result, *fragments, code=2):
     assert "error" in text.lower(), text
     for f in fragments:
         assert f.lower() in " ".join(text.lower().split()), (f, text)
+
+
+def lora_model(model_dir):
+    """The model of `model_dir` with LoRA adapters (r 4) whose B matrices are not zero (they start at 0:
+    this gives the adapters something to merge). Returns (peft model, LoraSettings)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from mazerl.policy.config import LoraSettings
+    from mazerl.policy.loading import load_policy
+
+    lora = LoraSettings(r=4, alpha=8)
+    model = get_peft_model(load_policy(model_dir).model,
+                           LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=lora.target_modules))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    return model, lora

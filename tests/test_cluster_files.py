@@ -75,7 +75,7 @@ def _shared_pins(path: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("image,extras,pinned_by", [("runtime", ("kfp", "aws"), "requirements/constraints.txt"),
-                                                     ("trainer", ("aws", "vllm"), "requirements/trainer.txt")])
+                                                     ("trainer", ("kfp", "aws", "vllm"), "requirements/trainer.txt")])
 def test_each_image_lock_satisfies_the_package_and_keeps_the_shared_pins(image, extras, pinned_by):
     """The Dockerfiles install the lock and then mazerl with --no-deps: a dependency added to
     pyproject.toml without re-running images/lock.py, or a pin changed in one place only, fails here."""
@@ -163,7 +163,8 @@ def test_one_set_of_pins_for_package_cpu_tests_and_trainer_image():
 
 def test_images_install_the_package_and_the_entry_points_the_manifests_name():
     """The RayJob runs `python -m mazerl ...` in the trainer image; KFP tasks import mazerl.workflow
-    (and kfp) in the runtime image; both run as a non-root user."""
+    (and kfp) in the runtime image, and the vLLM evaluate tasks in the trainer image; both run as a
+    non-root user."""
     from mazerl.cluster.rayjob import build_rayjob
 
     root = Path(__file__).resolve().parents[1]
@@ -171,7 +172,7 @@ def test_images_install_the_package_and_the_entry_points_the_manifests_name():
     assert entry.startswith("python -m mazerl ") and (root / "src" / "mazerl" / "__main__.py").is_file()
     trainer = (root / "images" / "trainer.Dockerfile").read_text()
     runtime = (root / "images" / "runtime.Dockerfile").read_text()
-    assert "COPY --chown=1000:100 src/ src/" in trainer and re.search(r"pip install --no-deps '\./\[aws\]'", trainer)
+    assert "COPY --chown=1000:100 src/ src/" in trainer and re.search(r"pip install --no-deps '\./\[kfp,aws\]'", trainer)
     assert re.search(r"pip install --no-deps '\./\[kfp,aws\]'", runtime)
     # EFA's user space and the NCCL plugin for it, installed as root; the image still ends as uid 1000
     assert "efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify" in trainer

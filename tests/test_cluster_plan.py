@@ -57,10 +57,10 @@ def test_the_shipped_p5_plan_fits_and_reports_every_term():
     # full history: turn 18 carries 18 frames and 17 replies of up to 1,024 tokens
     assert plan["vllm_limits_needed"]["images"] == 18 and plan["vllm_limits_needed"]["tokens"] > 18 * 1024
     assert plan["vllm_limits"] == plan["vllm_limits_needed"]  # unset in the shipped config: derived
-    # colocated (object_store): rank 0 sends the bf16 weights (not its fp32 masters) to the driver, and every
-    # engine fetches a copy; a checkpoint holds the fp32 weights and AdamW's two fp32 moments
+    # colocated (direct): every engine receives one copy of the bf16 weights (not the fp32 masters) from the
+    # rank beside it, none through the driver; a checkpoint holds the fp32 weights and AdamW's two fp32 moments
     total = plan["parameters"]["total"]
-    assert plan["weight_sync_bytes_per_step"] == total * 2 * (1 + 8)
+    assert plan["weight_sync_bytes_per_step"] == total * 2 * 8
     assert plan["checkpoint_bytes"] == total * 4 * 3
     text = plan_cli("--profile", "hyperpod-p5")
     assert text.exit_code == 0 and "fits" in text.stdout and "H100" in text.stdout

@@ -1,7 +1,7 @@
 """The RayJob launcher over a job's whole life: every KubeRay deployment status, the deadline counted
 from status.startTime (not from time queued in Kueue), the owner reference to the launching pod, and
 SIGTERM (a KFP run terminated from its UI) deleting the job. Through the real kubernetes client against
-the local API server (tests/k8s_api_server.py, 127.0.0.1 only)."""
+the local API server (mazerl.rehearsal.kube_api, 127.0.0.1 only)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from mazerl.cluster.rayjob import LABEL_RUN, build_rayjob, job_name, launcher_po
 from mazerl.cluster.train_step import DEADLINE_MARGIN_S
 from mazerl.profiles import load_profile
 
-from k8s_api_server import ClusterState, K8sAPIServer
+from mazerl.rehearsal.kube_api import ClusterState, K8sAPIServer
 
 NS = "hyperpod-ns-ml-research"
 RUN = "3f2c1b9e-1111-2222-3333-444455556666"

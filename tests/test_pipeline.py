@@ -66,8 +66,10 @@ def test_compile_is_deterministic_and_carries_the_cluster_settings(tmp_path):
     train = executors["exec-train-grpo"]
     assert train["pvcMount"][0]["constant"] == "fsx-claim"
     assert "nodeSelector" not in train and "podMetadata" not in train
-    images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
-    assert images == {profile.images.runtime}
+    images = {k: e["container"]["image"] for k, e in spec["deploymentSpec"]["executors"].items()}
+    # eval_engine vllm: the evaluate tasks run in the trainer image (vLLM); every other task in the runtime image
+    assert {k for k, image in images.items() if image == profile.images.trainer} == {"exec-evaluate", "exec-evaluate-2"}
+    assert {image for k, image in images.items() if not k.startswith("exec-evaluate")} == {profile.images.runtime}
     # the branch is on a number, never a string (kfp.local evaluates string conditions with eval)
     dag = spec["root"]["dag"]["tasks"]["exit-handler-1"]
     inner = spec["components"][dag["componentRef"]["name"]]["dag"]["tasks"]

@@ -1,5 +1,5 @@
 """`mazerl train grpo --backend ray` for real on CPU: a local Ray, 2 FSDP2 training ranks (gloo) and
-a rollout actor, weight sync through the object store, sharded checkpoints, a consolidated model."""
+a rollout actor, weight sync straight from the ranks, sharded checkpoints, a consolidated model."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def test_the_ray_metrics_export_serves_mazerl_training_metrics(small_mazes, tmp_
 
 def test_weights_by_broadcast_group_through_the_cli(small_mazes, tmp_path):
     """distributed.weight_sync: broadcast (gloo here; NCCL between GPUs): 2 ranks gather, rank 0
-    broadcasts to the rollout actor, which loads what it receives; versions as with the object store."""
+    broadcasts to the rollout actor, which loads what it receives; versions as with direct sync."""
     path, out = _config(small_mazes, tmp_path, steps=2,
                         distributed={"ranks": 2, "rollout_workers": 1, "cpus_per_actor": 0.5, "weight_sync": "broadcast"})
     result = _train(path)

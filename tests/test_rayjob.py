@@ -1,5 +1,5 @@
 """The HyperPod RayJob: the manifest (validated against KubeRay's CRD schema, shipped in tests/data)
-and the launcher, through the real kubernetes client against a local API server (tests/k8s_api_server.py)."""
+and the launcher, through the real kubernetes client against a local API server (mazerl.rehearsal.kube_api)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from mazerl.cluster.launcher import LauncherError, RayJobLauncher, RBACError, cu
 from mazerl.cluster.rayjob import LABEL_RUN, RayJobSpecError, build_rayjob, job_name, render
 from mazerl.profiles import load_profile
 
-from k8s_api_server import ClusterState, K8sAPIServer, self_signed_certificate
+from mazerl.rehearsal.kube_api import ClusterState, K8sAPIServer, self_signed_certificate
 
 CRDS = Path(__file__).parent / "data" / "crds"
 RUN = "3f2c1b9e-1111-2222-3333-444455556666"

@@ -103,20 +103,11 @@ def test_lora_weights_merge_like_peft(tiny_model_dir):
     import copy
 
     import torch
-    from peft import LoraConfig, get_peft_model
 
-    from mazerl.policy.config import LoraSettings
-    from mazerl.policy.loading import load_policy
+    from conftest import lora_model
     from mazerl.policy.trainable import serving_weights
 
-    lora = LoraSettings(r=4, alpha=8)
-    model = get_peft_model(load_policy(tiny_model_dir).model,
-                           LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=lora.target_modules))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.1)  # B starts at 0: give the adapters something to merge
+    model, lora = lora_model(tiny_model_dir)
     merged = serving_weights(model.state_dict(), lora)
     expected = copy.deepcopy(model).merge_and_unload().state_dict()
     assert set(merged) == set(expected)

@@ -616,6 +616,41 @@ def pipeline_run_cmd(
     console.print(f"report: {(run_dir / 'evaluate-2' / 'results' / 'report.html').resolve()}", soft_wrap=True)
 
 
+@pipeline_app.command("rehearse")
+def pipeline_rehearse_cmd(
+    profile: Annotated[str, typer.Option(help="a cluster profile with a RayJob (hyperpod-p5, hyperpod-g5) or its path")],
+    out: Annotated[Optional[Path], typer.Option(help="a new folder for everything the rehearsal writes "
+                                                     "(default: outputs/rehearsal-<profile>-<time>)")] = None,
+    cancel_after_step: Annotated[Optional[int], typer.Option(
+        "--cancel-after-step", help="terminate the run (SIGTERM to the train task, as KFP does) once training wrote this step")] = None,
+) -> None:
+    """Rehearse a HyperPod run here: the profile's compiled DAG with kfp.local, its RayJob created in a local
+    Kubernetes API and run on a local Ray with vLLM, S3 and SageMaker on moto, FSx a folder. Only the model
+    (a tiny one with the real one's proportions), device, dtypes and counts change; rehearsal.json says what ran."""
+    import json
+    import time
+
+    prof = _load_profile(profile)
+    _pipeline_modules()
+    from .rehearsal.run import rehearse
+
+    target = out or Path("outputs") / f"rehearsal-{prof.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    record = rehearse(prof, target, cancel_after_step, log=lambda line: console.print(line, soft_wrap=True, highlight=False))
+    o = record["outcome"]
+    console.print(f"engine {record['engine']}, placement {record['placement']['placement']}, history "
+                  f"{json.dumps(record['history'])}, weight sync {record['weight_sync']['mode']}", highlight=False)
+    console.print(f"steps trained: {o['steps_trained']}; compared: {o['compared']}; decision: {o['decision']}; "
+                  f"registered: {o['registered']}; RayJobs left running: {o['rayjobs_left']}; "
+                  f"processes left: {len(o['processes_left'])}", highlight=False)
+    console.print(f"rehearsal: {(Path(target) / 'rehearsal.json').resolve()}", soft_wrap=True, highlight=False)
+    expected_end = o["terminated_after_step"] is not None if cancel_after_step is not None else o["compared"]
+    if not expected_end or o["rayjobs_left"] or o["processes_left"] or record["rayjob_schema_errors"]:
+        err_console.print("[bold red]error:[/] the rehearsal did not end as a shipped run must"
+                          + (f" ({_escape(o['pipeline_error'])})" if o["pipeline_error"] else "")
+                          + f"; see {_escape(record['logs']['pipeline'])}", soft_wrap=True, highlight=False)
+        raise typer.Exit(code=EXIT_FAILED)
+
+
 # ---------------------------------------------------------------------------- a KFP server
 
 HostOpt = Annotated[Optional[str], typer.Option("--host", help="KFP API URL (default: the profile's kfp_host)")]

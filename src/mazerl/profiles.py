@@ -302,6 +302,10 @@ class Profile(BaseModel):
     rayjob: RayJobSizing | None = Field(None, description="the RayJob's shape (required with backend: rayjob)")
     eval_gpus: int = Field(0, ge=0, le=8, description="nvidia.com/gpu for the evaluate pods with backend rayjob (an 8B model "
                            "evaluates on a GPU, not on CPU)")
+    eval_engine: Literal["hf", "vllm"] = Field(
+        "hf", description="inference engine of the evaluate tasks: hf (transformers generate, in images.runtime) or vllm "
+        "(batched, prefix-cached decoding on the evaluate pods' GPU, in images.trainer, which has vLLM); both evaluations "
+        "of a run use it")
     sagemaker: SageMakerSettings | None = None
     pipeline: PipelineDefaults
 
@@ -320,6 +324,14 @@ class Profile(BaseModel):
                 raise ValueError("backend rayjob needs a rayjob section (workers, gpus_per_worker, efa_per_worker, ...)")
             if self.images.trainer is None:
                 raise ValueError("backend rayjob needs images.trainer (the GPU image of the RayJob)")
+        if self.eval_engine == "vllm" and self.kind == "hyperpod":
+            # the CUDA vLLM build lives in the trainer image, and it serves on a GPU only
+            if self.images.trainer is None:
+                raise ValueError("eval_engine vllm runs the evaluate tasks in images.trainer (the image with vLLM): give "
+                                 "images.trainer, or use eval_engine: hf")
+            if self.evaluation_gpus < 1:
+                raise ValueError("eval_engine vllm needs a GPU in each evaluate pod: set eval_gpus >= 1 (backend rayjob) or "
+                                 "task_gpus >= 1 (backend local), or use eval_engine: hf")
         sm = self.sagemaker
         if self.backend == "rayjob" and sm is not None and sm.cluster_name and INSTANCE_TYPE_LABEL not in self.node_selector:
             raise ValueError(f"sagemaker.cluster_name asks for a preflight of the HyperPod cluster's GPU nodes, but "
@@ -328,6 +340,12 @@ class Profile(BaseModel):
         if sm is not None and sm.model_package_group and sm.serving_image is None:
             raise ValueError("sagemaker.model_package_group needs sagemaker.serving_image (the model package's container)")
         return self
+
+    @property
+    def evaluation_gpus(self) -> int:
+        """nvidia.com/gpu of each evaluate pod, as the DAG sets it: eval_gpus with backend rayjob (training is the
+        RayJob's), task_gpus with backend local (the model runs in the task pods), none with backend ray."""
+        return {"rayjob": self.eval_gpus, "local": self.task_gpus}.get(self.backend, 0)
 
     @property
     def pipeline_root(self) -> str:

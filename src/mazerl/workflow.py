@@ -263,16 +263,24 @@ def job_view(config: str, model: str, data_dir: str) -> dict:
 
 def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_mazes: int,
              training_log: str | None = None, reference_mazes: int = 0, label: str = "evaluate",
-             config: str = "") -> dict:
+             config: str = "", engine: str = "hf") -> dict:
     """Greedy evaluation of every frozen split: `heldout_mazes` of heldout, `other_mazes` of each other
     generated split, and the VisGym reference splits in full (all their mazes) unless `reference_mazes` > 0.
     `config`: the GRPO job config; the model is shown the mazes as that job shows them (`job_view`), so
     the baseline (e.g. a hub model, which has no saved view) and the trained model are evaluated alike
-    and can be compared. '' = the model's own saved view (defaults where it has none)."""
+    and can be compared. '' = the model's own saved view (defaults where it has none).
+    `engine`: hf (transformers generate) or vllm (the profile's eval_engine; its per-prompt limits are
+    derived from the splits played, and vLLM must be importable here)."""
     from .evaluation.runner import EvalConfig
     from .evaluation.runner import evaluate as run_eval
     from .policy.config import PolicyConfig
 
+    if engine not in ("hf", "vllm"):
+        raise ConfigError(f"evaluation engine {engine!r} is not one mazerl has: allowed hf, vllm")
+    if engine == "vllm":  # before anything is read or loaded
+        from .rollout.vllm_engine import require_vllm
+
+        require_vllm()
     data = sorted(str(p) for p in Path(data_dir).glob("*.parquet") if p.stem != "train")
     if not data:
         raise MazeError(f"{data_dir} has no evaluation splits")
@@ -282,9 +290,10 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
     # a cluster task pod with a GPU evaluates on it (bf16); kfp.local and CPU pods use fp32 on CPU
     device = {"device": "cuda", "dtype": "bfloat16"} if torch.cuda.is_available() else {}
     if device:
-        print(f"evaluating on {torch.cuda.get_device_name(0)} in bfloat16 (CPU evaluation uses float32)")
+        print(f"evaluating on {torch.cuda.get_device_name(0)} in bfloat16 with the {engine} engine (CPU evaluation "
+              "uses float32)")
     view = job_view(config, model, data_dir) if config else {}
-    policy = PolicyConfig.for_model(model, **view, **device)
+    policy = PolicyConfig.for_model(model, **view, **device, engine=engine)
     if view:
         print(f"{label}: the view of job {config}: {json.dumps(policy.view(), sort_keys=True)}", flush=True)
     cfg = EvalConfig(policy="model", model=policy, data=data, out=out_dir, limits=limits, overwrite=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..config import ConfigError
@@ -43,6 +43,9 @@ MASTER_BYTES = 4  # fp32 master weights, gradients and each of AdamW's two momen
 COMPUTE_BYTES = 2  # bf16: activations, gathered parameters, the KV cache
 # CUDA context, NCCL's buffers and the caching allocator's fragmentation: an allowance, not a measurement
 RUNTIME_RESERVE_BYTES = 3 * GiB
+# Left free between a colocated training rank and the vLLM share derived for it, as a fraction of the GPU: vLLM's
+# own CUDA context and graphs, both allocators' fragmentation, and what these estimates miss
+SHARE_MARGIN = 0.05
 
 
 class PlanError(ConfigError):
@@ -468,7 +471,9 @@ def kv_cache(job: Job, utilization: float | None = None, max_batch: int | None =
     it takes the share whole when it starts. The HF engine: the cache of one generate call, max_batch sequences
     (at most the episodes of a step) padded to the longest prompt and its reply."""
     if job.cfg.policy.engine == "vllm":
-        share = job.cfg.policy.vllm.gpu_memory_utilization if utilization is None else utilization
+        v = job.cfg.policy.vllm
+        share = utilization if utilization is not None else (
+            v.gpu_memory_utilization if v.gpu_memory_utilization is not None else v.SOLE_GPU_SHARE)
         return max(0, int(share * job.hardware.gpu_bytes) - engine_weights(job))
     episodes = job.cfg.episodes_per_step // max(1, job.engines or 1)
     batch = min(job.cfg.policy.max_batch if max_batch is None else max_batch, episodes)
@@ -496,15 +501,112 @@ def per_gpu(job: Job, *, shards: int | None = None, micro_batch: int | None = No
         "reserve": RUNTIME_RESERVE_BYTES,
     }
     resident = sum(terms[k] for k in ("master_weights", "gradients", "optimizer", "reference", "reserve"))
+    # a Ray training rank drops its gradients after the update (TrainRank.release_cached_memory): not held in the rollout
+    released = terms["gradients"] if job.cfg.distributed.backend == "ray" else 0
     engine = terms["vllm_weights"] + terms["kv_cache"]
     # the engine asleep during the update frees its share (vLLM sleep mode level 1); awake, it keeps it
     asleep = job.cfg.policy.engine == "vllm" and job.cfg.policy.vllm.enable_sleep_mode
     engine_in_update = 0 if not job.colocated or asleep else (terms["vllm_weights"] if job.cfg.policy.engine == "hf" else engine)
     phases = {
-        "rollout": resident + (engine if job.colocated else 0),
+        "rollout": resident - released + (engine if job.colocated else 0),
         "update": resident + terms["gathered_unit"] + terms["activations"] + engine_in_update,
     }
     return {**terms, "total": max(phases.values())}, phases
+
+
+def sleeps_through_update(job: Job) -> bool:
+    """Whether a colocated vLLM engine gives its memory back during the update: sleep mode on, and a trainer that
+    calls it (RayGRPO's loop does; the in-process trainer does not)."""
+    return job.cfg.policy.vllm.enable_sleep_mode and job.cfg.distributed.backend == "ray"
+
+
+def rank_beside_engine(job: Job) -> int:
+    """What a training rank holds on its GPU while a colocated vLLM engine holds its share: with sleep mode on Ray,
+    the training state the rollout keeps (the engine wakes only after the rank has emptied its caches:
+    TrainRank.release_cached_memory); otherwise the update's whole peak, which the engine sits through (the
+    in-process trainer never puts its engine to sleep)."""
+    terms, phases = per_gpu(job, utilization=0.0)  # the engine's own terms are left out below
+    if sleeps_through_update(job):
+        return phases["rollout"] - (terms["vllm_weights"] + terms["kv_cache"] if job.colocated else 0)
+    return phases["update"] - terms["vllm_weights"] - terms["kv_cache"]
+
+
+@dataclass(frozen=True)
+class MemoryShare:
+    """vLLM's gpu_memory_utilization for a job: set, or derived from what the colocated training rank needs."""
+
+    gpu_memory_utilization: float
+    derived: bool
+    largest: float | None  # colocated: the most that fits beside the training rank (no margin); None: a GPU of its own
+    rank_bytes_beside_engine: int | None
+    problem: str | None = None  # a share set too large, or no room left to derive one
+
+
+def _hundredths_down(x: float) -> float:
+    return math.floor(x * 100 + 1e-9) / 100
+
+
+def memory_share(job: Job) -> MemoryShare | None:
+    """The engine's share of a GPU (None: not a vLLM job). Colocated and unset: the GPU less what the rank holds
+    beside it (rank_beside_engine) less SHARE_MARGIN, in hundredths, rounded down; set explicitly: kept, and a
+    problem when larger than what the rank leaves. With a GPU of its own: as set, else SOLE_GPU_SHARE."""
+    v = job.cfg.policy.vllm
+    if job.cfg.policy.engine != "vllm":
+        return None
+    if not job.colocated:
+        return MemoryShare(v.gpu_memory_utilization or v.SOLE_GPU_SHARE, v.gpu_memory_utilization is None, None, None)
+    gpu = job.hardware.gpu_bytes
+    rank = rank_beside_engine(job)
+    largest = _hundredths_down((gpu - rank) / gpu)
+    beside = ("beside it" if sleeps_through_update(job) else "through the update (enable_sleep_mode is off)"
+              if job.cfg.distributed.backend == "ray" else "through the update (the in-process trainer keeps it awake)")
+    if v.gpu_memory_utilization is None:
+        derived = _hundredths_down((gpu - rank) / gpu - SHARE_MARGIN)
+        problem = None
+        if derived <= 0:
+            problem = (f"the training rank needs {_gib(rank)} of the {_gib(gpu)} GPU {beside}, which leaves no share "
+                       f"for the colocated vLLM engine (policy.vllm.gpu_memory_utilization, derived: {derived:g})")
+        return MemoryShare(max(derived, 0.0), True, largest, rank, problem)
+    problem = None
+    if v.gpu_memory_utilization > largest:
+        problem = (f"policy.vllm.gpu_memory_utilization = {v.gpu_memory_utilization:g} is too large: the training rank "
+                   f"colocated with the engine needs {_gib(rank)} of the {_gib(gpu)} GPU {beside}; needs <= {largest:g} "
+                   "(or leave it unset: it is then derived from what the rank needs, less a margin)")
+    return MemoryShare(v.gpu_memory_utilization, False, largest, rank, problem)
+
+
+def with_memory_share(cfg, share: MemoryShare | None):
+    """`cfg` (a GRPO config) with vLLM's share set to `share`'s value (a no-op without one)."""
+    if share is None:
+        return cfg
+    v = cfg.policy.vllm.model_copy(update={"gpu_memory_utilization": share.gpu_memory_utilization})
+    return cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"vllm": v})})
+
+
+def resolve_memory_share(cfg, train_df, gpu_bytes: int):
+    """The GRPO job config its colocated vLLM engines run with: gpu_memory_utilization derived (unset) or checked
+    (set) against a GPU of `gpu_bytes` (measured where the ranks run) and the rank beside each engine, as the plan
+    works it out. What RayGRPO calls before it starts the engines; a no-op unless vLLM shares the ranks' GPUs.
+    A share that does not fit is a PlanError naming it and the number it needs."""
+    if cfg.policy.engine != "vllm":
+        return cfg
+    d = cfg.distributed
+    ray = d.backend == "ray"
+    if ray and d.placement != "colocated":
+        return cfg
+    hw = Hardware("this GPU", int(gpu_bytes), 1, 0.0, 0.0, 0.0)  # the links play no part in memory
+    episodes = split_episodes(train_df, cfg.policy.render_scale, cfg.max_turns)
+    try:
+        job = _job(cfg, episodes, hw, d.ranks if ray else 1, True, d.rollout_workers if ray else 1, 1)
+    except PlanError as err:  # a model whose architecture cannot be read here: a share set is taken as it is
+        if cfg.policy.vllm.gpu_memory_utilization is not None:
+            return cfg
+        raise PlanError(f"{err}; or set policy.vllm.gpu_memory_utilization (the colocated engine's GPU share) "
+                        "explicitly") from None
+    share = memory_share(job)
+    if share is not None and share.problem:
+        raise PlanError(share.problem)
+    return with_memory_share(cfg, share)
 
 
 @dataclass
@@ -535,6 +637,10 @@ class Plan:
     checkpoint_bytes: int
     checkpoint_seconds: float
     problems: list[str]
+    # vLLM's GPU share and how it came (MemoryShare's fields); None for the HF engine
+    vllm_memory_share: dict | None = None
+    # the estimated time of the profile's evaluations (estimate_evaluation); None where the GPU's throughput is unknown
+    evaluation: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -545,14 +651,14 @@ def _gib(n: float) -> str:
 
 
 def weight_sync(job: Job) -> tuple[int, float]:
-    """Bytes moved per step to bring the updated weights to the engines, and seconds at the links.
+    """Bytes the engines receive per step (one copy of the weights each) and seconds at the links.
 
-    The full state dict is gathered on rank 0 and sent in policy.dtype (what the engines run in; the fp32
-    master weights stay on the ranks): parameters x dtype bytes per copy.
-    object_store (colocated placement): rank 0 hands it to the driver on the Ray head, which puts it in the
-    object store, from which every engine fetches a copy: 1 + engines copies over the network. broadcast
-    (split placement, NCCL): rank 0 sends one copy to each engine over NVLink (one node) or the network.
-    The in-process HF engine shares the training model: nothing moves."""
+    The weights go in policy.dtype (what the engines run in; the fp32 master weights stay on the ranks),
+    bucket by bucket from the ranks; neither the driver nor a disk is in the path.
+    direct (colocated placement): every rank gathers each bucket (an all-gather over the GPU link), then
+    hands it to the engine beside it through host memory (down to the host and up again), all ranks at
+    once. broadcast (split placement): rank 0 sends one copy to each engine over NVLink (one node) or
+    the network. The in-process HF engine shares the training model: nothing moves."""
     cfg = job.cfg
     if cfg.policy.engine == "hf" and cfg.distributed.backend != "ray":
         return 0, 0.0
@@ -561,11 +667,12 @@ def weight_sync(job: Job) -> tuple[int, float]:
     if cfg.distributed.backend != "ray":  # one process: into its own vLLM engine through host memory
         return full, full / hw.host_link_bytes_per_s
     d = cfg.distributed
-    broadcast = d.weight_sync == "broadcast" or (d.weight_sync == "auto" and d.placement == "split" and d.gpus_per_rollout_worker > 0)
-    if broadcast:
-        link = hw.network_bytes_per_s if job.nodes > 1 else (hw.gpu_link_bytes_per_s or hw.host_link_bytes_per_s)
-        return full * job.engines, full / hw.host_link_bytes_per_s + full * job.engines / (link * max(1, job.nodes))
-    return full * (1 + job.engines), full / hw.host_link_bytes_per_s + full * (1 + job.engines) / hw.network_bytes_per_s
+    direct = d.weight_sync == "direct" or (d.weight_sync == "auto" and d.placement == "colocated")
+    if direct:
+        gather_link = hw.network_bytes_per_s if job.nodes > 1 else (hw.gpu_link_bytes_per_s or hw.host_link_bytes_per_s)
+        return full * job.engines, full / gather_link + 2 * full / hw.host_link_bytes_per_s
+    link = hw.network_bytes_per_s if job.nodes > 1 else (hw.gpu_link_bytes_per_s or hw.host_link_bytes_per_s)
+    return full * job.engines, full / hw.host_link_bytes_per_s + full * job.engines / (link * max(1, job.nodes))
 
 
 def checkpoint(job: Job) -> tuple[int, float]:
@@ -622,6 +729,19 @@ def train_episodes(cfg, profile) -> Episodes:
     return pipeline_train_episodes(profile.pipeline.dataset_preset, cfg.policy.render_scale, cfg.max_turns)
 
 
+def _merge(model: str) -> int:
+    return int(getattr(image_processor(model), "merge_size", 2))
+
+
+def _job(cfg, episodes: Episodes, hw: Hardware, shards: int, colocated: bool, engines: int, nodes: int) -> Job:
+    """The memory terms' inputs: the model's architecture and the longest prompt of `episodes` on hardware `hw`."""
+    count_image_tokens = image_tokens_counter(cfg.policy.model)
+    image_tokens = max(count_image_tokens(h, w) for h, w in episodes.frame_sizes)
+    needed = prompt_limits(cfg.policy, episodes, count_image_tokens)
+    return Job(cfg, architecture(cfg.policy.model), needed, image_tokens * _merge(cfg.policy.model) ** 2, hw, shards,
+               colocated, engines, nodes)
+
+
 def build_plan(profile, cfg, episodes: Episodes | None = None) -> Plan:
     """The plan of job config `cfg` (as the training step runs it: job_config_for_profile) on `profile`, with
     `problems` listing what does not fit (empty when it all fits)."""
@@ -630,14 +750,17 @@ def build_plan(profile, cfg, episodes: Episodes | None = None) -> Plan:
                         "(hyperpod-*)")
     instance, hw = hardware_of(profile)
     gpus, shards, colocated, engines, nodes = _layout(cfg, profile, hw)
-    arch = architecture(cfg.policy.model)
     episodes = episodes or train_episodes(cfg, profile)
-    count_image_tokens = image_tokens_counter(cfg.policy.model)
-    image_tokens = max(count_image_tokens(h, w) for h, w in episodes.frame_sizes)
-    merge = int(getattr(image_processor(cfg.policy.model), "merge_size", 2))
-    needed = prompt_limits(cfg.policy, episodes, count_image_tokens)
-    job = Job(cfg, arch, needed, image_tokens * merge * merge, hw, shards, colocated, engines, nodes)
+    job = _job(cfg, episodes, hw, shards, colocated, engines, nodes)
+    arch, needed = job.arch, job.limits
+    image_tokens = job.patches_per_image // _merge(cfg.policy.model) ** 2
     problems: list[str] = []
+    share = memory_share(job)
+    if share is not None:
+        if share.problem:
+            problems.append(share.problem)
+        cfg = with_memory_share(cfg, share)
+        job = replace(job, cfg=cfg)
     if needed.tokens > arch.max_positions:
         problems.append(f"the longest prompt and its reply take {needed.tokens} tokens, more than the model's "
                         f"{arch.max_positions} positions: lower policy.max_new_tokens or max_turns, or keep less history "
@@ -650,7 +773,7 @@ def build_plan(profile, cfg, episodes: Episodes | None = None) -> Plan:
         except PlanError as err:
             problems.append(str(err))
     terms, phases = per_gpu(job)
-    problems += _memory_problems(job, terms, phases, instance)
+    problems += _memory_problems(job, terms, phases, instance, share)
     sync_bytes, sync_s = weight_sync(job)
     ckpt_bytes, ckpt_s = checkpoint(job)
     one_sequence = needed.tokens * kv_bytes_per_token(job)
@@ -668,10 +791,12 @@ def build_plan(profile, cfg, episodes: Episodes | None = None) -> Plan:
         rollout_sequences_per_engine=per_engine,
         weight_sync_bytes_per_step=sync_bytes, weight_sync_seconds=round(sync_s, 3),
         checkpoint_bytes=ckpt_bytes, checkpoint_seconds=round(ckpt_s, 3), problems=problems,
+        vllm_memory_share=asdict(share) if share is not None else None,
+        evaluation=estimate_evaluation(profile, cfg.policy, hw),
     )
 
 
-def _memory_problems(job: Job, terms: dict, phases: dict, instance: str) -> list[str]:
+def _memory_problems(job: Job, terms: dict, phases: dict, instance: str, share: MemoryShare | None = None) -> list[str]:
     """Each phase over the GPU's memory, with the settings that would bring it under and the number each needs."""
     cfg, gpu = job.cfg, job.hardware.gpu_bytes
     where = f"of the {_gib(gpu)} of an {job.hardware.gpu} ({instance})"
@@ -691,7 +816,8 @@ def _memory_problems(job: Job, terms: dict, phases: dict, instance: str) -> list
             fixes.append(_more_gpus(job, n))
         problems.append(f"per GPU the update needs {_gib(phases['update'])} {where}: "
                         + ("; or ".join(fixes) if fixes else "no setting of this job config brings it under"))
-    if phases["rollout"] > gpu:
+    # colocated vLLM: memory_share checks the rollout (the rank's training state beside the engine's share)
+    if phases["rollout"] > gpu and not (cfg.policy.engine == "vllm" and job.colocated):
         fixes = []
         resident = phases["rollout"] - terms["vllm_weights"] - terms["kv_cache"]
         if cfg.policy.engine == "vllm":
@@ -709,7 +835,8 @@ def _memory_problems(job: Job, terms: dict, phases: dict, instance: str) -> list
         one = job.limits.tokens * kv_bytes_per_token(job)
         if terms["kv_cache"] < one:
             least = math.ceil((terms["vllm_weights"] + one) / gpu * 100) / 100
-            problems.append(f"policy.vllm.gpu_memory_utilization = {cfg.policy.vllm.gpu_memory_utilization:g} leaves vLLM "
+            derived = " (derived: what the training rank leaves)" if share is not None and share.derived else ""
+            problems.append(f"policy.vllm.gpu_memory_utilization = {cfg.policy.vllm.gpu_memory_utilization:g}{derived} leaves vLLM "
                             f"{_gib(terms['kv_cache'])} for its KV cache, less than one prompt of {job.limits.tokens} tokens "
                             f"takes ({_gib(one)}): needs >= {least:g}")
     return problems
@@ -779,9 +906,255 @@ def format_plan(plan: Plan) -> str:
                  f"{plan.image_tokens_per_frame} image tokens a frame)"
                  + (f"; vLLM runs with {plan.vllm_limits['images']} images, max_model_len {plan.vllm_limits['tokens']}"
                     if plan.vllm_limits else ""))
+    if (share := plan.vllm_memory_share) is not None:
+        how = ("derived: the GPU less what the training rank holds beside the engine "
+               f"({_gib(share['rank_bytes_beside_engine'])}), less a {SHARE_MARGIN:.0%} margin"
+               if share["derived"] and share["largest"] is not None else "derived: a GPU of its own" if share["derived"]
+               else "set" + (f"; at most {share['largest']:g} fits beside the training rank" if share["largest"] is not None else ""))
+        lines.append(f"vLLM GPU share (policy.vllm.gpu_memory_utilization): {share['gpu_memory_utilization']:g} ({how})")
     if plan.rollout_sequences_at_full_length is not None:
         lines.append(f"rollout: vLLM's KV cache holds {plan.rollout_sequences_at_full_length} prompts of full length at "
                      f"once; {plan.rollout_sequences_per_engine} episodes per engine")
     lines.append(f"weight sync: {plan.weight_sync_bytes_per_step / 1e9:.1f} GB a step (>= {plan.weight_sync_seconds:.1f} s "
                  f"at the links); checkpoint: {plan.checkpoint_bytes / 1e9:.1f} GB (>= {plan.checkpoint_seconds:.1f} s)")
+    if plan.evaluation is not None:
+        lines += format_evaluation(plan.evaluation)
     return "\n".join(lines)
+
+
+# ---- evaluation time: a roofline of batched greedy decoding (an estimate) ---------------------------------------
+@dataclass(frozen=True)
+class GPUThroughput:
+    memory_bytes_per_s: float  # the GPU memory's bandwidth (HBM, GDDR)
+    bf16_flops: float  # dense bf16 tensor-core peak, without sparsity
+    vllm_max_seqs: int  # vLLM's default max_num_seqs for the offline LLM class on this GPU
+
+
+# Sources: NVIDIA's H100 SXM data sheet (3.35 TB/s HBM3, 989 TFLOPS dense bf16); H200 data sheet (4.8 TB/s HBM3e,
+# the H100's tensor cores); A100 data sheet (40 GB: 1,555 GB/s, 80 GB: 2,039 GB/s; 312 TFLOPS dense bf16); AWS's
+# A10G: 24 GB GDDR6 at 600 GB/s like the A10, but fewer tensor FLOPs (about 70 TFLOPS dense bf16 against the
+# A10's 125; Baseten's A10 vs A10G comparison). max_num_seqs: vllm/engine/arg_utils.py (1024 on GPUs of >= 70 GiB
+# other than the A100, else 256).
+GPU_THROUGHPUT = {
+    "H100 80GB HBM3": GPUThroughput(3.35e12, 989e12, 1024),
+    "H200 141GB HBM3e": GPUThroughput(4.8e12, 989e12, 1024),
+    "A100 40GB": GPUThroughput(1.555e12, 312e12, 256),
+    "A100 80GB": GPUThroughput(2.039e12, 312e12, 256),
+    "A10G 24GB": GPUThroughput(600e9, 70e12, 256),
+}
+# What a serving engine reaches of those peaks (assumptions, stated with the estimate): decoding streams the
+# weights and the KV cache at about 80% of the memory bandwidth; prefill runs its matrix products at about 50%
+# of the tensor peak.
+DECODE_BANDWIDTH_SHARE = 0.8
+PREFILL_FLOPS_SHARE = 0.5
+EVALUATIONS_PER_RUN = 2  # the baseline and the trained model, on the same splits
+SHORT_REPLY_TOKENS = (256, 64)  # reply lengths the estimate is also given at (what-ifs, below max_new_tokens)
+
+
+@dataclass(frozen=True)
+class EvalGroup:
+    """Episodes of one split that share a turn budget: what the estimate plays."""
+
+    split: str
+    episodes: int
+    turn_budget: int
+    frame_sizes: tuple[tuple[int, int], ...]  # (height, width) of its frames, in pixels
+
+
+def _played(counts: list[tuple[object, int]], limit: int | None) -> list[tuple[object, int]]:
+    """The first `limit` rows of a split written in this order of (key, rows) blocks (evaluation plays the
+    first N rows of a split: workflow.evaluation_limits)."""
+    out, left = [], limit if limit is not None else sum(n for _, n in counts)
+    for key, n in counts:
+        if left <= 0:
+            break
+        out.append((key, min(n, left)))
+        left -= min(n, left)
+    return out
+
+
+def evaluation_groups(preset: str, heldout: int, other: int, render_scale: float, reference: bool = True) -> list[EvalGroup]:
+    """The episodes both evaluations play, by split and turn budget: `heldout` of the heldout split, `other` of each
+    other generated split (its first rows: sizes in the preset's order), and the VisGym reference splits in full.
+    A split without a fixed budget gets the budget of the longest route of its size (every cell): a bound."""
+    from ..mazes.splits import TRAIN_SPLIT, default_turn_budget, preset as dataset_preset
+
+    cfg = dataset_preset(preset)
+    groups = []
+    for name, spec in cfg.splits.items():
+        if name == TRAIN_SPLIT:
+            continue
+        source = cfg.splits[spec.derived_from] if spec.derived_from else spec
+        if spec.derived_from is None:  # written size by size, each size's algorithms in turn
+            blocks = [(size, spec.count * len(spec.algorithms)) for size in spec.sizes]
+        else:  # layouts sampled from the source split: its largest size bounds them
+            blocks = [(max(source.sizes, key=lambda rc: rc[0] * rc[1]), spec.count)]
+        for (rows, cols), n in _played(blocks, heldout if name == "heldout" else other):
+            fixed = spec.max_turns if spec.max_turns is not None else source.max_turns  # a derived split keeps its source's
+            budget = fixed if fixed is not None else default_turn_budget(rows * cols - 1)
+            frames = tuple(sorted({_frame_size(rows, cols, r, render_scale) for r in spec.render}))
+            groups.append(EvalGroup(name, n, budget, frames))
+    if reference and cfg.reference_splits:
+        from ..mazes.render import RenderOptions
+        from ..mazes.solver import analyse
+        from ..mazes.visgym import VISGYM_MAX_TURNS, load_visgym_fixture, reference_file
+
+        episodes = load_visgym_fixture(reference_file())
+        for base, env_id in cfg.reference_splits.items():
+            budgets: dict[tuple[int, tuple[int, int]], int] = {}
+            for ep in (e for e in episodes if e.env_id == env_id):  # as mazes/splits.py gives them their budget
+                budget = (VISGYM_MAX_TURNS if env_id == "maze_2d/easy"
+                          else default_turn_budget(analyse(ep.maze).shortest_path_moves))
+                key = (budget, _frame_size(ep.maze.height, ep.maze.width, RenderOptions(), render_scale))
+                budgets[key] = budgets.get(key, 0) + 1
+            groups += [EvalGroup(base, n, budget, (frame,)) for (budget, frame), n in sorted(budgets.items())]
+    return groups
+
+
+@functools.lru_cache(maxsize=8)
+def _attention_width(directory: str) -> int:
+    """Query heads x head size of the text model: what attention multiplies against every cached token."""
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(directory).get_text_config()
+    return text.num_attention_heads * (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+
+
+def turn_prompts(policy, budget: int, image_tokens: int, reply_tokens: int | None = None) -> list[tuple[int, int]]:
+    """(prompt tokens, images) at each turn of an episode of `budget` turns, every reply `reply_tokens` long
+    (None: max_new_tokens): the layout prompt_limits walks (system turn, each kept turn's frame, text and reply)."""
+    from ..envs.maze_env import FEEDBACK_INVALID, FEEDBACK_OK, FEEDBACK_WALL
+    from ..policy.prompts import PROMPTS, turn_text
+
+    frame = image_tokens + 2
+    system = 1 + _utf8("system\n" + PROMPTS[policy.prompt]) + 2
+    feedback = max((FEEDBACK_OK, FEEDBACK_WALL, FEEDBACK_INVALID), key=_utf8)
+    text = 1 + _utf8("user\n") + _utf8(turn_text(feedback, budget, budget)) + 2 + 1 + _utf8("assistant\n")
+    reply = (reply_tokens or policy.max_new_tokens) + 2
+    prompts = []
+    for t in range(1, budget + 1):
+        kept = t - 1 if policy.history.turns is None else min(t - 1, policy.history.turns)
+        images = kept + 1 if policy.history.images is None else min(kept + 1, policy.history.images)
+        prompts.append((system + (kept + 1) * text + images * frame + kept * reply, images))
+    return prompts
+
+
+def evaluation_seconds(policy, engine: str, groups: list[EvalGroup], arch: Architecture, attention_width: int,
+                       count_image_tokens: Callable[[int, int], int], patches_per_token: int, hw: Hardware,
+                       reply_tokens: int | None = None) -> dict:
+    """Seconds one greedy evaluation takes on one GPU, by the roofline of batched decoding, every episode played to
+    its turn budget and every reply `reply_tokens` long (None: max_new_tokens, an upper bound on the work;
+    episodes that end early take less). Turn by turn, every episode of a group waits for the others (the
+    rollout is synchronous), in waves of the sequences the engine runs at once, as many as the KV cache holds
+    at that turn's length (the weights aside):
+
+    - vllm: up to its max_num_seqs, in the share of a GPU of its own (VLLMSettings.SOLE_GPU_SHARE); prefix
+      caching keeps earlier turns' KV, so with full history a turn prefills only its new image and text; with a
+      history window the context changes and is prefilled again;
+    - hf: up to policy.max_batch sequences a generate call, the whole context prefilled every turn (its Python
+      work between decode steps is not counted: a lower bound for it).
+
+    A decode step reads the text weights once for its whole wave, and each sequence's KV cache; it computes 2
+    FLOPs per weight per sequence and the attention over the cache: per turn the larger of the bytes at
+    DECODE_BANDWIDTH_SHARE of the memory bandwidth and the FLOPs at PREFILL_FLOPS_SHARE of the bf16 peak.
+    Prefill is FLOPs at that share: 2 per text weight per token, attention over the context, 2 per vision weight
+    per image patch."""
+    gpu = GPU_THROUGHPUT[hw.gpu]
+    bandwidth, flops = gpu.memory_bytes_per_s * DECODE_BANDWIDTH_SHARE, gpu.bf16_flops * PREFILL_FLOPS_SHARE
+    weights = arch.text_params * COMPUTE_BYTES
+    kv_token = arch.kv_elements_per_token * COMPUTE_BYTES
+    # the evaluate pod's engine has its GPU to itself (its policy carries only the job's view, not its vLLM share)
+    kv_room = max(0, int(policy.vllm.SOLE_GPU_SHARE * hw.gpu_bytes) - arch.total_params * COMPUTE_BYTES)
+    steps = reply_tokens or policy.max_new_tokens
+    attention = 4 * arch.layers * attention_width  # FLOPs per query token per cached token (QK^T and AV)
+    full_history = policy.history.turns is None and policy.history.images is None
+    decode = prefill = 0.0
+    per_split: dict[str, dict] = {}
+    most_at_once = 0
+    for g in groups:
+        image_tokens = max(count_image_tokens(h, w) for h, w in g.frame_sizes)
+        vision = 2 * arch.vision_params * image_tokens * patches_per_token  # FLOPs to encode one frame
+        prompts = turn_prompts(policy, g.turn_budget, image_tokens, steps)
+        seconds = 0.0
+        for t, (prompt, images) in enumerate(prompts):
+            if engine == "vllm":
+                at_once = max(1, min(g.episodes, gpu.vllm_max_seqs, kv_room // ((prompt + steps) * kv_token)))
+                cached = prompts[t - 1][0] + steps if full_history and t > 0 else 0
+            else:
+                at_once = max(1, min(g.episodes, policy.max_batch, kv_room // ((prompt + steps) * kv_token)))
+                cached = 0
+            most_at_once = max(most_at_once, at_once)
+            new_images = 1 if cached else images  # frames the vision tower encodes this turn
+            fresh = prompt - cached  # tokens each sequence prefills this turn
+            prefill_s = g.episodes * (fresh * (2 * arch.text_params + attention * (prompt - fresh / 2))
+                                      + new_images * vision) / flops
+            full, rest = divmod(g.episodes, at_once)
+            decode_s = 0.0
+            for wave, n in ((at_once, full), (rest, 1 if rest else 0)):
+                if not n:
+                    continue
+                cached_tokens = wave * (steps * prompt + steps * (steps - 1) / 2)  # summed over the turn's steps
+                bytes_s = (steps * weights + cached_tokens * kv_token) / bandwidth
+                flops_s = (steps * wave * 2 * arch.text_params + cached_tokens * attention) / flops
+                decode_s += n * max(bytes_s, flops_s)
+            decode, prefill, seconds = decode + decode_s, prefill + prefill_s, seconds + decode_s + prefill_s
+        entry = per_split.setdefault(g.split, {"episodes": 0, "turn_budgets": [], "seconds": 0.0})
+        entry["episodes"] += g.episodes
+        entry["turn_budgets"] = sorted(set(entry["turn_budgets"]) | {g.turn_budget})
+        entry["seconds"] = round(entry["seconds"] + seconds, 1)
+    return {"engine": engine, "episodes": sum(g.episodes for g in groups), "seconds": round(decode + prefill, 1),
+            "decode_seconds": round(decode, 1), "prefill_seconds": round(prefill, 1),
+            "sequences_at_once": most_at_once, "per_split": per_split}
+
+
+def estimate_evaluation(profile, policy, hw: Hardware) -> dict | None:
+    """The estimated time of the profile's evaluations (pipeline.eval_heldout_mazes, eval_other_mazes and the
+    reference splits of its dataset preset) of `policy` (the GRPO job's view: history, max_new_tokens) on one GPU
+    of the profile's evaluate pods, with its engine (eval_engine) and, for comparison, the other engine; None
+    for a GPU whose throughput the plan does not know."""
+    if hw.gpu not in GPU_THROUGHPUT:
+        return None
+    arch = architecture(policy.model)
+    directory = model_directory(policy.model)
+    width = _attention_width(str(directory.resolve())) if directory is not None else arch.hidden
+    merge = int(getattr(image_processor(policy.model), "merge_size", 2))
+    d = profile.pipeline
+    groups = evaluation_groups(d.dataset_preset, d.eval_heldout_mazes, d.eval_other_mazes, policy.render_scale)
+    counter = image_tokens_counter(policy.model)
+    def seconds(engine: str, reply_tokens: int | None = None) -> dict:
+        return evaluation_seconds(policy, engine, groups, arch, width, counter, merge * merge, hw, reply_tokens)
+
+    chosen = seconds(profile.eval_engine)
+    other = "hf" if profile.eval_engine == "vllm" else "vllm"
+    gpu = GPU_THROUGHPUT[hw.gpu]
+    # the bound takes every reply at max_new_tokens; a model that answers in a few words decodes far less
+    shorter = [n for n in SHORT_REPLY_TOKENS if n < policy.max_new_tokens]
+    return {
+        **chosen, "gpu": hw.gpu, "max_new_tokens": policy.max_new_tokens,
+        "seconds_per_run": round(EVALUATIONS_PER_RUN * chosen["seconds"], 1),
+        "seconds_at_reply_tokens": {str(n): seconds(profile.eval_engine, n)["seconds"] for n in shorter},  # JSON keys
+        "other_engine_seconds": {other: seconds(other)["seconds"]},
+        "assumptions": {
+            "memory_bytes_per_s": gpu.memory_bytes_per_s, "bf16_flops": gpu.bf16_flops,
+            "decode_bandwidth_share": DECODE_BANDWIDTH_SHARE, "prefill_flops_share": PREFILL_FLOPS_SHARE,
+            "every_turn_played": True, "every_reply_at_max_new_tokens": True,
+            "not_counted": "engine start (loading the weights, CUDA graph capture), image rendering, the host's work",
+        },
+    }
+
+
+def format_evaluation(e: dict) -> list[str]:
+    """The evaluation estimate as a reader wants it: hours, minutes, and what it assumes."""
+    def hm(seconds: float) -> str:
+        return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+    other = ", ".join(f"{k} {hm(v)}" for k, v in e["other_engine_seconds"].items())
+    shorter = "; ".join(f"{hm(v)} if replies average {n} tokens" for n, v in e["seconds_at_reply_tokens"].items())
+    return [
+        f"evaluation (estimate, {e['engine']} on one {e['gpu']}): {e['episodes']} episodes, {hm(e['seconds'])} each "
+        f"(decode {hm(e['decode_seconds'])}, prefill {hm(e['prefill_seconds'])}), {hm(e['seconds_per_run'])} for the "
+        f"run's two; {other} with the other engine" + (f"; {shorter}" if shorter else ""),
+        f"  an upper bound from a roofline: every turn of the budget played, every reply {e['max_new_tokens']} tokens; "
+        f"decoding at {e['assumptions']['decode_bandwidth_share']:.0%} of the memory bandwidth, prefill at "
+        f"{e['assumptions']['prefill_flops_share']:.0%} of the bf16 peak; not counted: {e['assumptions']['not_counted']}",
+    ]

@@ -5,7 +5,10 @@
     trajectories, each tagged with its weights version  <──────────────────
     advantages, mini-batches (rl/driver.py)
     for each mini-batch:             ──> train_step(its slice of the batch) on every rank
-    full state dict (a collective)   ──> rank 0 returns it ──> ray.put ──> sync(weights, version)
+    sync_weights(version)            ──> bucket by bucket, gathered on every rank (a collective), then
+                                         colocated: rank k ──> its rollout actor k (direct)
+                                         split: rank 0 ──> every rollout actor (broadcast group)
+                                         the driver gets back byte counts and seconds, never weights
     every K steps: sharded checkpoint (DCP) on every rank + the driver's state
 
 Connects to RAY_ADDRESS when set, else starts a local Ray. The same worker step runs in process in
@@ -79,8 +82,11 @@ class TrainRank:
     """One training rank: its share of every mini-batch, FSDP2 shards of the policy and optimizer."""
 
     def __init__(self, cfg_json: dict, rank: int, world_size: int):
+        from .memory import PhaseLog
+
         self.cfg = GRPOConfig.model_validate(cfg_json)
         self.rank, self.world_size = rank, world_size
+        self.phases = PhaseLog(f"rank{rank}")
         report_autocast(self.cfg.autocast, self.cfg.policy.device, log)  # this rank's node, which may not be the driver's
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -128,6 +134,7 @@ class TrainRank:
         """The step's whole update: one optimizer step per mini-batch (one call, so that the
         behaviour policy's log-probabilities can be rescored for all of them before the first)."""
         sampling = self.tp.sampling(temperature=self.cfg.temperature, top_p=self.cfg.top_p)
+        self.phases.record("update_start", step=step)
         t0 = time.perf_counter()
         if self.cfg.recompute_old_logprobs:
             self.worker.rescore_old_logprobs(batches, sampling)
@@ -135,7 +142,26 @@ class TrainRank:
         outs = [{**self.train_step(batch, sampling, step), "samples_received": len(batch.samples)} for batch in batches]
         if outs:
             outs[0]["seconds"] += rescore_seconds
+        self.phases.record("update_end", step=step)
         return outs
+
+    def gpu_total_bytes(self) -> int | None:
+        """This rank's GPU memory in total (None on CPU): what a colocated engine's share is a fraction of."""
+        if self.cfg.distributed.gpus_per_rank > 0 and torch.cuda.is_available():
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return None
+
+    def release_cached_memory(self, after: str) -> dict:
+        """Between phases (`after`: 'update' or 'sync'): gradients dropped, the caching allocator emptied, so that
+        a colocated engine waking next finds what the plan gave it (distributed/memory.py)."""
+        from .memory import release_cached_memory
+
+        released = release_cached_memory(self.worker.optimizer if after == "update" else None)
+        self.phases.record("release", after=after, **released)
+        return released
+
+    def events(self) -> list[dict]:
+        return self.phases.events()
 
     def train_step(self, batch, sampling, step: int) -> dict:
         t0 = time.perf_counter()
@@ -154,29 +180,137 @@ class TrainRank:
 
     def full_state_dict(self) -> dict | None:
         """A collective: every rank must call it; rank 0 returns the weights, the others None. In policy.dtype
-        (what the rollout engines and the saved model hold), not the float32 masters: half the bytes to send."""
+        (what the rollout engines and the saved model hold), not the float32 masters. For the consolidated
+        model (save_final) and in-process checks; weight sync goes by buckets (sync_weights)."""
         from ..policy.trainable import in_dtype
         from .fsdp import full_state_dict
 
         state = full_state_dict(self.model) if self.sharded else self.model.state_dict()
         return in_dtype({k: v.detach().cpu() for k, v in state.items()}, self.cfg.policy.dtype) if self.rank == 0 else None
 
+    # ---- weight sync: bucket by bucket, rank -> engine (distributed/weight_sync.py) --------------------
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> bool:
         """Rank 0 only: become group rank 0 (the sender) of the weight-broadcast group."""
         from .weight_sync import WeightBroadcastGroup
 
         self.weight_group = WeightBroadcastGroup(host, port, 0, world_size, backend)
+        self.weight_transport = "broadcast"
         return True
 
-    def send_weights(self) -> int:
-        """A collective over the training ranks (the full state dict), then rank 0 broadcasts it in plain
-        keys (LoRA merged) to the rollout actors. Returns the bytes rank 0 sent (0 elsewhere)."""
+    def attach_engine(self, rollout_actor) -> bool:
+        """Colocated: this rank feeds the rollout actor beside it (direct)."""
+        self.engine_actor = rollout_actor
+        self.weight_transport = "direct"
+        return True
+
+    def _sync_plan(self, state: dict) -> tuple[dict, list[list[str]]]:
+        """The served layout (plain keys, LoRA merged, policy.dtype) and the buckets of state-dict names,
+        worked out on the meta device (no weights touched)."""
+        from ..policy.trainable import serving_weights
+        from .weight_sync import layout_of, plan_buckets
+
+        dtype = getattr(torch, self.cfg.policy.dtype)
+        meta = {k: torch.empty(tuple(v.shape), dtype=dtype if v.is_floating_point() else v.dtype, device="meta")
+                for k, v in state.items()}
+        layout = layout_of(serving_weights(meta, self.cfg.lora))
+        sizes = {k: t.numel() * t.element_size() for k, t in meta.items()}
+        return layout, plan_buckets(sizes, self.cfg.distributed.weight_sync_bucket_mb * 2**20)
+
+    def _gather(self, state: dict, names: list[str], device: str | None) -> list[tuple[str, torch.Tensor]]:
+        """One bucket, whole on every rank (a collective for sharded parameters: each rank must call it
+        with the same names), in policy.dtype (cast before the gather: half the bytes on the wire) and
+        plain keys (a LoRA layer's adapters merged: buckets keep a module's entries together)."""
+        from torch.distributed.tensor import DTensor
+
         from ..policy.trainable import serving_weights
 
+        dtype = getattr(torch, self.cfg.policy.dtype)
+        part = {}
+        for name in names:
+            t = state[name].detach()
+            t = t.to(dtype) if t.is_floating_point() else t
+            if isinstance(t, DTensor):
+                t = t.full_tensor()
+            part[name] = t.to(device) if device else t
+        return list(serving_weights(part, self.cfg.lora).items())
+
+    def _all_ok(self, ok: bool) -> bool:
+        """Whether every training rank is ok (so that none is left waiting in a collective the others skip)."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or self.world_size == 1:
+            return ok
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([int(ok)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def sync_weights(self, version: int) -> dict:
+        """The updated weights into the engines, bucket by bucket (every rank calls this together).
+
+        direct (colocated): rank k hands each gathered bucket to rollout actor k as a Ray call argument:
+        on CPU through the node's shared-memory object store, never the driver. On GPU the bucket is
+        copied to host memory first, the same way; CUDA IPC handles (the actor mapping the rank's GPU
+        memory) would avoid that copy and are not implemented. broadcast (split): rank 0 sends each
+        bucket over the weight-broadcast group; the actors load each as it arrives (receive_weights).
+        Returns {"bytes": what the engine loaded (direct) or rank 0 sent (broadcast), "buckets", "seconds"}."""
+        import ray
+
+        from .weight_sync import WeightSyncError
+
+        t0 = time.perf_counter()
+        state = self.model.state_dict()
+        layout, plan = self._sync_plan(state)
+        transport = getattr(self, "weight_transport", None)
+        error: BaseException | None = None
+        try:  # the engines (or the group's members) agree on the layout before any bucket is gathered
+            if transport == "direct":
+                ray.get(self.engine_actor.begin_weight_sync.remote(layout))
+            elif transport == "broadcast" and self.rank == 0:
+                self.weight_group.send_begin(layout)
+        except Exception as err:  # noqa: BLE001 - raised below, once every rank knows
+            error = err
+        if not self._all_ok(error is None):
+            raise error if error is not None else WeightSyncError("another rank's rollout engine refused the weights")
+        sent, buckets, pending = 0, 0, None
+        device = "cpu" if transport == "direct" else None
+        for names in plan:
+            bucket = self._gather(state, names, device)  # every rank takes part, whatever happened
+            if error is not None:
+                continue
+            try:
+                if transport == "direct":
+                    if pending is not None:
+                        ray.get(pending)  # at most two buckets in flight: one loading, one just gathered
+                    pending = self.engine_actor.load_weight_bucket.remote(bucket)
+                elif transport == "broadcast" and self.rank == 0:
+                    sent += self.weight_group.send_bucket(bucket)
+                buckets += 1
+            except Exception as err:  # noqa: BLE001
+                error = err
+        try:
+            if transport == "direct" and error is None:
+                if pending is not None:
+                    ray.get(pending)
+                loaded = ray.get(self.engine_actor.finish_weight_sync.remote(version))
+                sent, buckets = loaded["bytes"], loaded["buckets"]
+            elif transport == "broadcast" and self.rank == 0:
+                self.weight_group.send_end()  # also after an error: the receivers stop waiting
+        except Exception as err:  # noqa: BLE001
+            error = error or err
+        if not self._all_ok(error is None):
+            raise error if error is not None else WeightSyncError("another rank's rollout engine failed to load the weights")
+        return {"bytes": int(sent) if transport == "direct" or self.rank == 0 else 0, "buckets": buckets,
+                "seconds": time.perf_counter() - t0}
+
+    def serving_digest(self) -> str | None:
+        """A digest of the weights the engines should serve (rank 0; a collective), through the
+        consolidated state dict rather than the buckets: what the tests compare the engines with."""
+        from ..policy.trainable import serving_weights
+        from .weight_sync import weights_digest
+
         state = self.full_state_dict()
-        if self.rank != 0:
-            return 0
-        return self.weight_group.send(serving_weights(state, self.cfg.lora))
+        return None if state is None else weights_digest(serving_weights(state, self.cfg.lora).items())
 
     def save_checkpoint(self, path: str, state: dict) -> str:
         from .checkpoint import save_sharded
@@ -192,16 +326,13 @@ class TrainRank:
                             verified=True)
 
     def save_final(self, target: str) -> str | None:
-        """The consolidated model in the HF layout (a collective; rank 0 writes it)."""
-        from ..policy.trainable import open_policy, save_model_dir
+        """The consolidated model in the HF layout, LoRA merged, written from the sharded state tensor by tensor
+        (a collective; rank 0 writes it, atomically: a retry replaces it whole). Opens no second model."""
+        from ..policy.export import save_trained_model
 
-        state = self.full_state_dict()
-        if self.rank != 0:
-            return None
-        plain = open_policy(self.cfg.policy, self.cfg.lora, with_engine=False)
-        plain.policy.model.load_state_dict(state, strict=True)
-        save_model_dir(plain.policy.model, plain.policy.processor, target, self.cfg.policy)
-        return target
+        save_trained_model(self.model, self.tp.policy.processor, target, self.cfg.policy, self.cfg.lora,
+                           writes=self.rank == 0)
+        return target if self.rank == 0 else None
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -216,12 +347,15 @@ class RolloutWorker:
     def __init__(self, cfg_json: dict):
         from ..policy.trainable import open_policy
 
+        from .memory import PhaseLog
+
         self.cfg = GRPOConfig.model_validate(cfg_json)
+        self.phases = PhaseLog("rollout")
         report_autocast(self.cfg.autocast, self.cfg.policy.device, log)  # this actor's node
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.cfg.distributed.rollout_workers))  # see TrainRank.setup
         policy = self.cfg.policy
-        if policy.engine == "vllm":  # vLLM holds the served copy on the GPU; the HF model here only gives shapes and
-            policy = policy.model_copy(update={"device": "cpu"})  # names for weight sync, so it stays in host memory
+        if policy.engine == "vllm":  # vLLM holds the served copy on the GPU; the HF model open_policy opens beside it
+            policy = policy.model_copy(update={"device": "cpu"})  # is not used for serving, so it stays in host memory
         self.tp = open_policy(policy)
         self.tp.policy.model.eval()
         self.train_df = read_split(self.cfg.train_data)
@@ -231,6 +365,7 @@ class RolloutWorker:
 
         if os.environ.get(KILL_ROLLOUT_AT_STEP_ENV) == str(step):
             os._exit(1)  # fault injection for the tests: the actor dies mid-step
+        self.phases.record("collect_start", step=step)
         t0 = time.perf_counter()
         items = items_from_split(self.train_df, rows, self.cfg.policy.render_scale, self.cfg.max_turns)
         sampling = self.tp.sampling(temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
@@ -239,6 +374,7 @@ class RolloutWorker:
                             env_config=self.cfg.env, history=self.cfg.policy.history)
         for t in trajs:
             t.group += first_group  # groups are numbered across all workers' slices
+        self.phases.record("collect_end", step=step)
         return trajs, time.perf_counter() - t0
 
     def sync(self, weights: dict, version: int) -> float:
@@ -265,21 +401,54 @@ class RolloutWorker:
         self.weight_group = WeightBroadcastGroup(host, port, rank, world_size, backend)
         return True
 
-    def receive_weights(self, version: int) -> float:
-        """Receive the broadcast weights (shaped like this actor's own model) and load them into the engine."""
+    # direct (colocated): the rank beside this actor calls these with each bucket it gathered
+    def begin_weight_sync(self, layout: dict) -> bool:
+        self.tp.engine.begin_weight_sync(layout)
+        return True
+
+    def load_weight_bucket(self, bucket: list) -> int:
+        return self.tp.engine.load_weight_bucket(bucket)
+
+    def finish_weight_sync(self, version: int) -> dict:
+        return self.tp.engine.finish_weight_sync(version)
+
+    def receive_weights(self, version: int) -> dict:
+        """broadcast (split): receive the buckets rank 0 sends and load each as it arrives. Returns
+        {"bytes", "buckets", "seconds"}: numbers only, for the driver."""
         t0 = time.perf_counter()
-        spec = {k: (tuple(v.shape), v.dtype) for k, v in self.tp.policy.model.state_dict().items()}
-        weights = self.weight_group.receive(spec)
-        self.tp.engine.sync_weights(weights, version)
-        return time.perf_counter() - t0
+        engine = self.tp.engine
+        self.weight_group.receive_begin(engine.weight_layout())  # a mismatch stops sender and receivers alike
+        error = None
+        engine.begin_weight_sync(engine.weight_layout())
+        for bucket in self.weight_group.receive_buckets():
+            if error is None:  # after a failure keep receiving, so that the sender is not left waiting
+                try:
+                    engine.load_weight_bucket(bucket)
+                except Exception as err:  # noqa: BLE001
+                    error = err
+        if error is not None:
+            raise error
+        loaded = engine.finish_weight_sync(version)
+        return {**loaded, "seconds": time.perf_counter() - t0}
+
+    def engine_digest(self) -> str:
+        """A digest of the weights this actor's HF engine serves (tests compare it with the trainer's)."""
+        from .weight_sync import weights_digest
+
+        return weights_digest(self.tp.engine.model.state_dict().items())
 
     def sleep(self) -> None:
         if hasattr(self.tp.engine, "sleep"):
             self.tp.engine.sleep()
+        self.phases.record("sleep")
 
     def wake(self) -> None:
+        self.phases.record("wake")
         if hasattr(self.tp.engine, "wake"):
             self.tp.engine.wake()
+
+    def events(self) -> list[dict]:
+        return self.phases.events()
 
 
 class RayGRPO(GRPODriver):
@@ -360,14 +529,26 @@ class RayGRPO(GRPODriver):
         # the process group's rendezvous is rank 0's node, on a port free there
         master_addr, master_port = ray.get(self.ranks[0].rendezvous_address.remote())
         ray.get([r.setup.remote(cfg.steps * cfg.optimizer_steps_per_step, master_addr, master_port) for r in self.ranks])
+        if colocated and cfg.policy.engine == "vllm":  # the engines' share: what the ranks leave of their GPUs
+            gpu_bytes = ray.get(self.ranks[0].gpu_total_bytes.remote())
+            if gpu_bytes:
+                from ..cluster.plan import resolve_memory_share
+
+                self.cfg = cfg = resolve_memory_share(cfg, self.train_df, gpu_bytes)
+                cfg_json = cfg.model_dump(mode="json")
         self.rollouts = [rollout_cls.options(scheduling_strategy=at(k if colocated else d.ranks + k)).remote(cfg_json)
                          for k in range(d.rollout_workers)]
-        # NCCL needs every member on a GPU of its own: split placement with GPU rollout actors. (Colocated,
-        # actor 0 shares rank 0's GPU, which one NCCL communicator refuses: weights go by object store or gloo.)
+        # colocated: rank k feeds the rollout actor beside it (direct); split: rank 0 broadcasts to the actors
+        # over a group of their own, NCCL where every member has a GPU of its own, else gloo. (Colocated,
+        # actor k shares rank k's GPU, which one NCCL communicator refuses.)
         nccl = d.placement == "split" and d.gpus_per_rank > 0 and d.gpus_per_rollout_worker > 0
-        self.broadcast = d.weight_sync == "broadcast" or (d.weight_sync == "auto" and nccl)
-        if self.broadcast:  # rank 0 and the rollout actors form a group of their own, meeting on rank 0's node
+        direct = d.weight_sync == "direct" or (d.weight_sync == "auto" and colocated)
+        if direct:
+            self.weight_sync_mode = "direct"
+            ray.get([r.attach_engine.remote(w) for r, w in zip(self.ranks, self.rollouts)])
+        else:  # rank 0 and the rollout actors form a group of their own, meeting on rank 0's node
             backend = "nccl" if nccl else "gloo"
+            self.weight_sync_mode = f"broadcast-{backend}"
             host, port = ray.get(self.ranks[0].rendezvous_address.remote())
             world = 1 + d.rollout_workers
             ray.get([self.ranks[0].join_weight_group.remote(host, port, world, backend)]
@@ -443,16 +624,26 @@ class RayGRPO(GRPODriver):
         if self.cfg.distributed.placement == "colocated":
             self.ray.get([getattr(w, method).remote() for w in self.rollouts])
 
-    def sync_weights(self) -> float:
+    def _release_ranks(self, after: str) -> None:
+        """Every rank gives back what its allocators cache (after the update: its gradients too), before a
+        colocated engine wakes or rolls out (TrainRank.release_cached_memory)."""
+        self._on_all_ranks("release_cached_memory", after)
+
+    def sync_weights(self) -> dict:
+        """The engines serve the ranks' weights as version `step`. The driver only starts the calls: the
+        ranks gather bucket by bucket and push each into the engines (TrainRank.sync_weights); what comes
+        back here is numbers. Returns time/weight_sync, weight_sync/bytes (what each engine received) and
+        weight_sync/buckets, and weight_sync/mode (direct, broadcast-gloo or broadcast-nccl)."""
         t0 = time.perf_counter()
-        if self.broadcast:  # every rank joins the gather; rank 0 broadcasts to the actors, which load as they receive
-            self.ray.get([r.send_weights.remote() for r in self.ranks]
-                         + [w.receive_weights.remote(self.step) for w in self.rollouts])
-            return time.perf_counter() - t0
-        weights = self._on_all_ranks("full_state_dict")[0]  # a collective; rank 0 holds the result
-        ref = self.ray.put(weights)
-        self.ray.get([w.sync.remote(ref, self.step) for w in self.rollouts])
-        return time.perf_counter() - t0
+        calls = [r.sync_weights.remote(self.step) for r in self.ranks]
+        receiving = self.weight_sync_mode.startswith("broadcast")
+        if receiving:
+            calls += [w.receive_weights.remote(self.step) for w in self.rollouts]
+        results = self.ray.get(calls)
+        per_engine = results[len(self.ranks):] if receiving else results  # direct: rank k reports its actor k
+        return {"time/weight_sync": time.perf_counter() - t0,
+                "weight_sync/bytes": min(int(r["bytes"]) for r in per_engine),
+                "weight_sync/buckets": min(int(r["buckets"]) for r in per_engine), "weight_sync/mode": self.weight_sync_mode}
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -493,7 +684,8 @@ class RayGRPO(GRPODriver):
         record: dict = {}
         try:
             resumed = self.resume(resume, overwrite, discard_damaged)
-            sync_s = self.sync_weights()  # the engines start from the trainer's weights, version = step
+            self.sync_weights()  # the engines start from the trainer's weights, version = step
+            self._release_ranks("sync")
             metrics = MetricsWriter(self.out / "metrics.jsonl", self.out / "tensorboard", resume_step=resumed)
             from .prometheus import TrainingGauges
 
@@ -507,16 +699,20 @@ class RayGRPO(GRPODriver):
                     t0 = time.perf_counter()
                     trajs, worker_seconds = self.collect()
                     t1 = time.perf_counter()
-                    self._engines("sleep")  # colocated: the engines give the GPU to the update (where they can)
+                    # colocated: the engines give the GPU to the update (where they can), and wake only once the
+                    # ranks have given back what the update left cached
+                    self._engines("sleep")
                     upd = self.update(trajs)
                     self.step += 1
                     t2 = time.perf_counter()
+                    self._release_ranks("update")
                     self._engines("wake")
-                    sync_s = self.sync_weights()
+                    synced = self.sync_weights()
+                    self._release_ranks("sync")
                     context_tokens = sum(len(s.ids) for t in trajs for s in t.samples())
                     record = {"step": self.step, **episode_metrics(trajs), **upd, "time/rollout": t1 - t0,
                               "rollout_tokens_per_s": context_tokens / max(t1 - t0, 1e-9),
-                              "time/update": t2 - t1, "time/weight_sync": sync_s,
+                              "time/update": t2 - t1, **synced,
                               "rollout_versions": sorted({t.weights_version for t in trajs}),
                               **{f"time/rollout_worker{k}": s for k, s in enumerate(worker_seconds)},
                               "train_tokens_per_s": upd["train_tokens"] / max(t2 - t1, 1e-9)}

@@ -37,7 +37,8 @@ def _keyed(episodes: pd.DataFrame, where: str | Path) -> pd.DataFrame:
 
 
 def _check_same_settings(base_dir: Path, new_dir: Path) -> None:
-    """Refuse to compare evaluations played under different rules: turn budget override or model view."""
+    """Refuse to compare evaluations played under different rules (turn budget override, model view) or by
+    different inference engines."""
     metas = []
     for d in (base_dir, new_dir):
         summary = Path(d) / "summary.json"
@@ -52,6 +53,11 @@ def _check_same_settings(base_dir: Path, new_dir: Path) -> None:
     if a.get("max_turns_override") != b.get("max_turns_override"):
         raise MazeError(f"the evaluations used different turn budgets (--max-turns {a.get('max_turns_override')} vs "
                         f"{b.get('max_turns_override')}): a comparison needs the same budget")
+    ea, eb = a.get("engine"), b.get("engine")
+    if ea is not None and eb is not None and ea != eb:  # older summaries record none: not refused
+        raise MazeError(f"the evaluations were played by different inference engines ({ea} vs {eb}): their kernels "
+                        "round differently, so greedy episodes can differ for the same model; evaluate both with the same "
+                        "engine to compare them")
     va, vb = a.get("view"), b.get("view")
     if va is not None and vb is not None and va != vb:
         diff = sorted(k for k in set(va) | set(vb) if va.get(k) != vb.get(k))

@@ -126,19 +126,91 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
 
         metrics = read_metrics(metrics_log)
         check_training_curve(metrics, metrics_log)
+    if cfg.policy == "model" and cfg.model is not None:
+        from ..rollout.factory import check_engine_available
+
+        check_engine_available(cfg.model)  # engine vllm where vLLM is missing: refused before any maze is read
     frames = _load_splits(cfg.data)
     started = time.perf_counter()
     rows: list[dict] = []
-    tp = None
-    if cfg.policy == "model":
-        from ..policy.trainable import open_policy
-
-        tp = open_policy(cfg.model)  # type: ignore[arg-type]
     episodes_played = 0
     frames = [df.iloc[: cfg.limits[str(df.split.iloc[0])]].reset_index(drop=True) if str(df.split.iloc[0]) in cfg.limits else df
               for df in frames]
     total_mazes = sum(len(df) for df in frames)
     check_episode_budget(total_mazes, cfg.samples)
+    tp = None
+    if cfg.policy == "model":
+        assert cfg.model is not None
+        cfg = cfg.model_copy(update={"model": with_engine_limits(cfg.model, frames, cfg.max_turns)})
+        tp = open_for_evaluation(cfg.model)
+    try:
+        rows, episodes_played = _play(cfg, tp, frames, total_mazes, progress)
+    finally:
+        if tp is not None and hasattr(tp.engine, "close"):
+            tp.engine.close()  # vLLM: its engine process and GPU memory
+    seconds = time.perf_counter() - started
+    episodes = pd.DataFrame(rows)
+    summary = summarise(episodes)
+    summary["meta"] = {
+        "policy": cfg.policy, "model": cfg.model.model if cfg.model else None, "data": cfg.data,
+        # the rules the episodes were played under: comparisons refuse evaluations that differ here
+        "view": cfg.model.view() if cfg.model else None, "max_turns_override": cfg.max_turns,
+        # what played them: comparisons refuse a pair played by different engines (kernels differ)
+        "engine": cfg.model.engine if cfg.model else None, "dtype": cfg.model.dtype if cfg.model else None,
+        "samples": cfg.samples, "temperature": cfg.temperature, "episodes": len(rows),
+        "seconds": seconds, "episodes_per_s": len(rows) / max(seconds, 1e-9),
+    }
+    with atomic_directory(cfg.out, overwrite=cfg.overwrite) as tmp:
+        pq.write_table(pa.Table.from_pandas(episodes, preserve_index=False), tmp / "episodes.parquet")
+        write_eval_report(tmp, summary, episodes, metrics)
+        write_json(tmp / "summary.json", summary)  # last
+    return summary
+
+
+def with_engine_limits(policy: PolicyConfig, frames: list[pd.DataFrame], max_turns: int | None) -> PolicyConfig:
+    """`policy` with the vLLM engine's per-prompt limits (images, max_model_len) derived from the splits it
+    plays (their turn budgets and frame sizes), as the trainers derive them from their train split; limits set
+    explicitly are checked against what the history needs. Other engines: unchanged."""
+    if policy.engine != "vllm":
+        return policy
+    from ..cluster.plan import PromptLimits, image_tokens_counter, prompt_limits, split_episodes, with_prompt_limits
+
+    counter = image_tokens_counter(policy.model)
+    per_split = [prompt_limits(policy, split_episodes(df, policy.render_scale, max_turns), counter) for df in frames]
+    most = PromptLimits(*(max(getattr(n, f) for n in per_split) for f in ("images", "tokens", "loss_tokens")))
+    return with_prompt_limits(policy, most)
+
+
+def open_for_evaluation(policy: PolicyConfig):
+    """The policy's chat format and engine. The HF engine generates with the model itself; vLLM holds its own
+    copy of the weights, so only the processor is opened here (a second copy on the GPU would take memory
+    vLLM's gpu_memory_utilization share counts on)."""
+    from ..policy.trainable import open_policy
+
+    if policy.engine != "vllm":
+        return open_policy(policy)
+    from transformers import AutoProcessor
+
+    from ..policy.chat import ChatFormat
+    from ..policy.grammar import ActionGrammar
+    from ..policy.loading import Policy, PolicyLoadError, looks_like_local_path
+    from ..policy.prompts import PROMPTS
+    from ..policy.trainable import TrainablePolicy
+    from ..rollout.factory import make_engine
+
+    if looks_like_local_path(policy.model) and not Path(policy.model).expanduser().is_dir():
+        raise PolicyLoadError(f"model directory not found: {policy.model}")
+    processor = AutoProcessor.from_pretrained(policy.model)
+    chat = ChatFormat(processor, system_prompt=PROMPTS[policy.prompt])
+    choices = ActionGrammar.from_chat(chat).word_ids if policy.reply_grammar == "action" else None
+    engine = make_engine(policy, None, chat)
+    return TrainablePolicy(Policy(model=None, processor=processor, source=policy.model), chat, engine, policy, choices)
+
+
+def _play(cfg: EvalConfig, tp, frames: list[pd.DataFrame], total_mazes: int, progress) -> tuple[list[dict], int]:
+    """Every split's episodes (greedy, then the samples) as episode rows, and how many were played."""
+    rows: list[dict] = []
+    episodes_played = 0
     mazes_before = 0
     for df in frames:
         split_rows = records(df)
@@ -170,21 +242,7 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
         mazes_before += len(df)
         if progress:
             progress(str(split_rows[0]["split"]), mazes_before, total_mazes, mazes_before / total_mazes)
-    seconds = time.perf_counter() - started
-    episodes = pd.DataFrame(rows)
-    summary = summarise(episodes)
-    summary["meta"] = {
-        "policy": cfg.policy, "model": cfg.model.model if cfg.model else None, "data": cfg.data,
-        # the rules the episodes were played under: comparisons refuse evaluations that differ here
-        "view": cfg.model.view() if cfg.model else None, "max_turns_override": cfg.max_turns,
-        "samples": cfg.samples, "temperature": cfg.temperature, "episodes": len(rows),
-        "seconds": seconds, "episodes_per_s": len(rows) / max(seconds, 1e-9),
-    }
-    with atomic_directory(cfg.out, overwrite=cfg.overwrite) as tmp:
-        pq.write_table(pa.Table.from_pandas(episodes, preserve_index=False), tmp / "episodes.parquet")
-        write_eval_report(tmp, summary, episodes, metrics)
-        write_json(tmp / "summary.json", summary)  # last
-    return summary
+    return rows, episodes_played
 
 
 def _sampled_runs(tp, cfg: EvalConfig, items, progress, split: str) -> list[tuple[int, bool, list]]:

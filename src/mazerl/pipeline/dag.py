@@ -5,7 +5,8 @@
     inside an ExitHandler whose cleanup deletes launched resources (nothing locally).
 
 Generation is cached (same preset + seeds = same splits); training and evaluation are not. Both
-evaluations show the mazes as the GRPO job does (its config), so the pair can be compared.
+evaluations show the mazes as the GRPO job does (its config), and both run on the profile's
+eval_engine (vllm: in the trainer image), so the pair can be compared.
 Steps that can hit transient faults (storage, cluster) retry. The branch is on a number.
 """
 
@@ -17,7 +18,10 @@ from . import components
 
 
 def build_pipeline(profile: Profile):
-    comps = components.build(profile.images.runtime)
+    # evaluation with vLLM runs in the trainer image (the runtime image has no vLLM); on a local profile the
+    # image is unused (kfp.local runs components in this Python)
+    vllm_image = profile.images.trainer if profile.eval_engine == "vllm" and profile.kind == "hyperpod" else None
+    comps = components.build(profile.images.runtime, evaluate_image=vllm_image)
     defaults = profile.pipeline
 
     @dsl.pipeline(name="mazerl", description="Multi-turn GRPO of a vision-language model on mazes, evaluated on held-out mazes")
@@ -51,14 +55,14 @@ def build_pipeline(profile: Profile):
             warm.set_caching_options(False)
             baseline = comps["evaluate"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                          other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="", label="baseline",
-                                         config=grpo_config).set_caching_options(False)
+                                         config=grpo_config, engine=profile.eval_engine).set_caching_options(False)
             baseline.set_display_name("evaluate-baseline")
             train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps,
                                         backend=profile.backend, run_id=run_id, profile=profile_json)
             train.set_caching_options(False).set_retry(1)
             trained = comps["evaluate"](model=train.outputs["model"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log=train.outputs["training_log"],
-                                        label="trained", config=grpo_config).set_caching_options(False)
+                                        label="trained", config=grpo_config, engine=profile.eval_engine).set_caching_options(False)
             trained.set_display_name("evaluate-trained")
             decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
                                         min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)

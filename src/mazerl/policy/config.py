@@ -17,12 +17,17 @@ class VLLMSettings(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
+    SOLE_GPU_SHARE: ClassVar[float] = 0.85  # an engine with a GPU of its own (split placement, evaluation)
+
     # upper bounds: vLLM refuses more only when the engine starts, on the GPU
     # None: derived from the history, the turn budget and max_new_tokens (cluster/plan.py); a value set below
     # what the history needs is refused, never raised
     max_model_len: int | None = Field(None, ge=64, le=1_048_576, description="longest prompt + reply, in tokens (None: derived)")
     max_images_per_prompt: int | None = Field(None, ge=1, le=1_024, description="images one prompt may carry (None: derived)")
-    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="GPU share vLLM may take (colocated: leave room for training)")
+    # None: an engine alone on its GPU takes SOLE_GPU_SHARE; one colocated with a training rank takes what the rank
+    # leaves at its peak beside it, less a margin (cluster/plan.py); a value set too large for that is refused
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="GPU share vLLM may take (None: derived; colocated: what training leaves)")
     enable_sleep_mode: bool = Field(False, description="sleep during updates (GPU only; colocated mode)")
 
 

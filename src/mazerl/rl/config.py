@@ -49,14 +49,26 @@ class DistributedSettings(BaseModel):
         "split", description="split: ranks and rollout actors on their own resources; colocated: rollout actor k shares "
         "rank k's bundle (its GPU), and engines that can sleep do so during updates (then rollout_workers = ranks)")
     placement_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0, description="how long to wait for Ray to place every actor")
-    weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
-        "auto", description="how updated weights reach the rollout actors: object_store (gathered on the driver, "
-        "ray.put), broadcast (a process group of rank 0 and the actors: NCCL when ranks and actors have GPUs of their "
-        "own, i.e. split placement, else gloo); auto: broadcast over NCCL where that applies, else object_store")
+    weight_sync: Literal["auto", "direct", "broadcast"] = Field(
+        "auto", description="how updated weights reach the rollout actors, bucket by bucket from the ranks (never "
+        "through the driver or a file): direct (colocated: rank k hands each bucket to the rollout actor beside it), "
+        "broadcast (rank 0 and the actors form a process group: NCCL when ranks and actors have GPUs of their own, "
+        "i.e. split placement, else gloo); auto: direct when colocated, else broadcast")
+    weight_sync_bucket_mb: int = Field(
+        512, ge=1, le=16_384, description="MiB of weights gathered and sent at a time (one tensor larger than this "
+        "goes alone): what each rank and engine holds on top of its model during a sync")
     activation_checkpointing: bool = Field(
         False, description="keep only each decoder layer's and vision block's input in the forward pass and recompute "
         "the rest in the backward pass (non-reentrant torch checkpointing via transformers): the same loss and "
         "gradients in less memory, for one more forward pass; in process and on every FSDP2 rank")
+
+    @field_validator("weight_sync", mode="before")
+    @classmethod
+    def _no_driver_path(cls, value):
+        if value == "object_store":  # it gathered the whole state dict on the driver (the Ray head) every step
+            raise ValueError("'object_store' is no longer offered (it sent the whole state dict through the driver); "
+                             "allowed: auto, direct (colocated), broadcast")
+        return value
 
     @field_validator("gpus_per_rank", "gpus_per_rollout_worker")
     @classmethod
@@ -176,6 +188,9 @@ class GRPOConfig(BaseModel):
         if d.placement == "colocated" and d.rollout_workers != d.ranks:
             raise ValueError(f"distributed.placement 'colocated' puts one rollout actor beside each rank: set "
                              f"rollout_workers = ranks ({d.ranks}), not {d.rollout_workers}")
+        if d.weight_sync == "direct" and d.placement != "colocated":
+            raise ValueError("distributed.weight_sync 'direct' hands rank k's buckets to the rollout actor beside it: it "
+                             "needs placement 'colocated'; split placement syncs by 'broadcast' (or 'auto')")
         if d.placement == "colocated" and d.gpus_per_rollout_worker:
             raise ValueError("distributed.gpus_per_rollout_worker is for split placement; colocated actors share their rank's GPU")
         if d.backend == "local" and (d.ranks > 1 or d.rollout_workers > 1):

@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
-from ..policy.trainable import in_dtype, open_policy, save_model_dir, serving_weights
+from ..policy.trainable import in_dtype, open_policy, serving_weights
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from ..storage import CheckpointMirror
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
@@ -70,6 +70,12 @@ class GRPOTrainer(GRPODriver):
             from ..cluster.plan import resolve_prompt_limits
 
             cfg = resolve_prompt_limits(cfg, read_split(cfg.train_data))
+            if cfg.policy.device.startswith("cuda") and torch.cuda.is_available():  # its GPU share beside the trainer
+                from ..cluster.plan import resolve_memory_share
+
+                device = torch.device(cfg.policy.device)
+                total = torch.cuda.get_device_properties(device.index or 0).total_memory
+                cfg = resolve_memory_share(cfg, read_split(cfg.train_data), total)
         self.cfg = cfg
         self.on_step = on_step  # callback(step, metrics) for progress display
         self.out = Path(cfg.output_dir)
@@ -228,7 +234,10 @@ class GRPOTrainer(GRPODriver):
                     break
         finally:
             metrics.close()
-        save_model_dir(self.model, self.tp.policy.processor, self.out / "final", cfg.policy)
+        # in policy.dtype, LoRA merged, tensor by tensor: no merged copy of the model beside the trained one
+        from ..policy.export import save_trained_model
+
+        save_trained_model(self.model, self.tp.policy.processor, self.out / "final", cfg.policy, cfg.lora)
         return record
 
 

@@ -132,6 +132,23 @@ class InferenceEngine(Protocol):
         state dict to load; None when the engine serves the trainer's own module (in-process)."""
         ...
 
+    # the incremental load a Ray rollout actor uses (rollout/weight_loading.py checks it)
+    def weight_layout(self) -> dict:
+        """Names, shapes and dtypes of the weights it serves (plain Hugging Face keys)."""
+        ...
+
+    def begin_weight_sync(self, layout: dict | None = None) -> None:
+        """Start a sync; `layout` (the sender's) must equal `weight_layout()`. No generation until it finishes."""
+        ...
+
+    def load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> int:
+        """Load some of the weights (each exactly once per sync); returns their bytes."""
+        ...
+
+    def finish_weight_sync(self, version: int) -> dict:
+        """Every weight arrived: serve them as `version`. Returns {"bytes", "buckets"} of this sync."""
+        ...
+
 
 def image_digest(image: np.ndarray) -> tuple:
     """An image's identity for sharing work between requests: shape, dtype and a hash of its pixels."""
@@ -175,11 +192,40 @@ class HFEngine:
 
     def sync_weights(self, weights: dict[str, torch.Tensor] | None, version: int) -> None:
         if weights is not None:  # a separate copy of the model (e.g. in a rollout actor): load them
-            self.model.load_state_dict(weights, strict=True)
+            self.begin_weight_sync({k: (tuple(v.shape), v.dtype) for k, v in weights.items()})
+            self.load_weight_bucket(list(weights.items()))
+            self.finish_weight_sync(version)
         self.weights_version = version
+
+    # ---- incremental weight sync (a separate copy of the model: a Ray rollout actor) ----------------
+    def weight_layout(self) -> dict:
+        return {k: (tuple(v.shape), v.dtype) for k, v in self.model.state_dict().items()}
+
+    def begin_weight_sync(self, layout: dict | None = None) -> None:
+        from .weight_loading import IncrementalLoad
+
+        self._load = IncrementalLoad(self.weight_layout())
+        self._load.begin(layout)
+        self._targets = self.model.state_dict()  # the module's own tensors, copied into in place
+
+    @torch.no_grad()
+    def load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> int:
+        self._load.check(bucket)
+        for name, tensor in bucket:
+            target = self._targets[name]
+            target.copy_(tensor.to(target.device))
+        return self._load.loaded_bucket(bucket)
+
+    def finish_weight_sync(self, version: int) -> dict:
+        self._load.finish()
+        self._targets = None
+        self.weights_version = version
+        return {"bytes": self._load.bytes, "buckets": self._load.buckets}
 
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], params: SamplingParams, call_id: int = 0) -> list[GenerationOutput]:
+        if getattr(self, "_load", None) is not None:
+            self._load.check_servable()
         seeds = [r.seed if r.seed is not None else derive_seed(params.seed, call_id, "request", i)
                  for i, r in enumerate(requests)]
         if params.grammar == "action":

@@ -24,7 +24,9 @@ def make_engine(cfg: PolicyConfig, model, chat: ChatFormat) -> InferenceEngine:
             cfg = default_prompt_limits(cfg, chat.image_tokens)
         v = cfg.vllm
         return VLLMEngine(cfg.model, chat, dtype=cfg.dtype, max_model_len=v.max_model_len,
-                          max_images_per_prompt=v.max_images_per_prompt, gpu_memory_utilization=v.gpu_memory_utilization,
+                          max_images_per_prompt=v.max_images_per_prompt,
+                          # unset here: nothing resolved it for a training rank beside it (the trainers do first)
+                          gpu_memory_utilization=v.gpu_memory_utilization or v.SOLE_GPU_SHARE,
                           enable_sleep_mode=v.enable_sleep_mode)
     raise ValueError(f"unknown engine {cfg.engine!r}: allowed hf, vllm")
 

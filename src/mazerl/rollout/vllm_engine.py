@@ -1,10 +1,20 @@
 """The vLLM inference engine: the same `InferenceEngine` contract as HFEngine, served by vLLM.
 
 vLLM is an optional dependency (`pip install 'mazerl[vllm]'` on GPU; `make vllm-env` builds its CPU
-build in a venv of its own). It holds its own copy of the weights, so the trainer hands it the full
-state dict after every update (`sync_weights`): written as safetensors to a private folder and
-reloaded in place, then the encoder and prefix caches are dropped (stale image embeddings and KV
-blocks would otherwise be served with the new weights).
+build in a venv of its own). It holds its own copy of the weights, so after every update the trainer
+loads the new ones into it bucket by bucket (`begin_weight_sync`, `load_weight_bucket`...,
+`finish_weight_sync`; `sync_weights` for a whole state dict): each bucket goes through the model's own
+`load_weights` inside vLLM's worker, between vLLM's layer-wise reload hooks (which re-run the
+per-layer processing, e.g. the CPU build's packed GEMM weights, once a layer has all its weights). No
+file is written. Then the encoder and prefix caches are dropped (stale image embeddings and KV blocks
+would otherwise be served with the new weights).
+
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): `collective_rpc` then calls
+our loader on the worker with the bucket's tensors themselves. With vLLM's default engine-core process
+the callable would have to be pickled (VLLM_ALLOW_INSECURE_SERIALIZATION) and every bucket copied over
+its socket. On GPU the same holds: the worker lives in the rollout actor's process, which owns the
+GPU, so a bucket received on the GPU (the NCCL broadcast) is loaded without leaving it. In process,
+vLLM shares the caller's thread state: generation switches off any autocast the caller set.
 
 Prompts are token ids as the trainer sees them, with every image's placeholder run expanded; vLLM
 expands placeholders itself, so each run is collapsed to one `<|image_pad|>` on the way in, and the
@@ -16,10 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -102,7 +109,11 @@ class VLLMEngine:
         self._bad_words_cache: dict[tuple[int, ...], list[str]] = {}
         self.sleep_supported = enable_sleep_mode and not _on_cpu()  # a no-op on CPU
         self._asleep = False
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="mazerl-vllm-weights-"))
+        from .weight_loading import IncrementalLoad
+
+        self._load = IncrementalLoad(_hf_layout(model_dir, dtype))
+        self._vllm_names: set[str] = set()
+        self._vllm_loaded: set[str] = set()
         kwargs = dict(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                       limit_mm_per_prompt={"image": max_images_per_prompt, "video": 0},
                       # the sampled token's log-probability after temperature and masks, as HFEngine reports it
@@ -111,19 +122,26 @@ class VLLMEngine:
             kwargs.update(enforce_eager=True)
         else:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_supported)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (module docstring)
         self.llm = LLM(**kwargs)
+        core = type(self.llm.llm_engine.engine_core).__name__
+        if core != "InprocClient":
+            raise VLLMUnavailableError(f"vLLM started its engine core as {core}, not in this process; the weight sync "
+                                       "loads buckets in process: do not set VLLM_ENABLE_V1_MULTIPROCESSING")
 
     # ---- generation --------------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest], params: SamplingParams, call_id: int = 0) -> list[GenerationOutput]:
         if self._asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake() before generate()")
+        self._load.check_servable()
         if params.grammar == "action" and self.grammar is None:
             raise GrammarError("this model's tokenizer cannot express the action grammar: use reply_grammar 'free'")
         seeds = [r.seed if r.seed is not None else derive_seed(params.seed, call_id, "request", i)
                  for i, r in enumerate(requests)]
         prompts = [self._prompt(r, params) for r in requests]
         sampling = [self._vllm_params(params, s) for s in seeds]
-        outs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        with _own_precision():
+            outs = self.llm.generate(prompts, sampling, use_tqdm=False)
         results = []
         for req, prompt, out in zip(requests, prompts, outs):
             expected = len(req.ids) + (len(self.grammar.prefix) if params.grammar == "action" else 0)
@@ -196,23 +214,51 @@ class VLLMEngine:
         return GenerationOutput(ids=ids, logprobs=logprobs, finished=finished, weights_version=self.weights_version)
 
     # ---- weights -----------------------------------------------------------------------------------
-    def sync_weights(self, weights: dict[str, torch.Tensor] | None, version: int) -> None:
-        """Reload the engine's weights from `weights` (plain Hugging Face keys, as save_pretrained writes)."""
+    def sync_weights(self, weights: dict[str, torch.Tensor] | None, version: int, bucket_mb: float = 512) -> None:
+        """Load a whole state dict (plain Hugging Face keys), in buckets of about `bucket_mb`."""
         if weights is None:
             raise ValueError("the vLLM engine holds its own copy of the weights: sync_weights needs the state dict")
-        from safetensors.torch import save_file
+        from ..distributed.weight_sync import layout_of, plan_buckets
 
-        target = self._weights_dir / "model.safetensors"
-        tmp = target.with_suffix(".tmp")
-        # clone: tied or shared tensors cannot be saved as views of one another
-        save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}, str(tmp))
-        os.replace(tmp, target)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+        self.begin_weight_sync(layout_of(weights))
+        sizes = {k: v.numel() * v.element_size() for k, v in weights.items()}
+        for names in plan_buckets(sizes, int(bucket_mb * 2**20)):
+            self.load_weight_bucket([(n, weights[n]) for n in names])
+        self.finish_weight_sync(version)
+
+    def weight_layout(self) -> dict:
+        return dict(self._load.layout)
+
+    def begin_weight_sync(self, layout: dict | None = None) -> None:
+        self._load.begin(layout)
+        self._vllm_names = set(self.llm.collective_rpc(_begin_in_worker)[0])
+        self._vllm_loaded = set()
+
+    def load_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> int:
+        self._load.check(bucket)
+        try:
+            loaded = self.llm.collective_rpc(_load_in_worker, args=(bucket,))[0]
+        except Exception as err:  # noqa: BLE001 - whatever vLLM raised, the engine is now half-loaded
+            raise self._load.fail(f"vLLM's load_weights failed ({type(err).__name__}: {str(err)[:300]})") from err
+        self._vllm_loaded.update(loaded)
+        return self._load.loaded_bucket(bucket)
+
+    def finish_weight_sync(self, version: int) -> dict:
+        self._load.finish()
+        missing = sorted(self._vllm_names - self._vllm_loaded)
+        if missing:  # every Hugging Face name arrived, yet some of vLLM's own parameters were not written
+            raise self._load.fail(f"vLLM parameters not loaded: {', '.join(missing[:3])}"
+                                  f"{' ...' if len(missing) > 3 else ''}")
+        try:
+            self.llm.collective_rpc(_finish_in_worker)
+        except Exception as err:  # noqa: BLE001 - layers left unprocessed: not servable
+            raise self._load.fail(f"vLLM could not finish the reload ({type(err).__name__}: {str(err)[:300]})") from err
         # without these the next image request can hit a stale (or missing) encoder cache entry, and
         # prefix-cached KV blocks would have been computed with the old weights
         self.llm.llm_engine.reset_encoder_cache()
         self.llm.reset_prefix_cache()
         self.weights_version = version
+        return {"bytes": self._load.bytes, "buckets": self._load.buckets}
 
     # ---- memory: sleep while the trainer updates (colocated mode) ----------------------------------
     def sleep(self) -> None:
@@ -227,12 +273,72 @@ class VLLMEngine:
         self._asleep = False
 
     def close(self) -> None:
-        shutil.rmtree(self._weights_dir, ignore_errors=True)
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None and hasattr(llm, "llm_engine"):
             shutdown = getattr(llm.llm_engine, "shutdown", None)
             if callable(shutdown):
                 shutdown()
+
+
+def _own_precision():
+    """vLLM runs in this process (module docstring), so a caller's torch.autocast (the in-process trainer
+    rolls out under `autocast`) would reach its kernels: vLLM computes in its own dtype, so it is switched off."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast("cpu", enabled=False))
+    if torch.cuda.is_available():
+        stack.enter_context(torch.autocast("cuda", enabled=False))
+    return stack
+
+
+def _hf_layout(model_dir: str, dtype: str) -> dict:
+    """The plain Hugging Face state-dict layout of the model (built on the meta device: no memory, no
+    weights read) with its floating-point weights in `dtype`: what a sync must deliver."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from .weight_loading import float_layout
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    return float_layout({k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}, getattr(torch, dtype))
+
+
+# Run inside vLLM's worker by `collective_rpc` (in this process: see the module docstring). Between
+# vLLM's layer-wise reload hooks, each layer is rebuilt once all its weights have arrived, so a bucket
+# may hold any part of the model.
+def _begin_in_worker(worker) -> list[str]:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+    model = worker.model_runner.get_model()
+    names = sorted(name for name, _ in model.named_parameters())
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(model)
+    return names
+
+
+def _load_in_worker(worker, bucket) -> list[str]:
+    from vllm.config import set_current_vllm_config
+
+    model = worker.model_runner.get_model()
+    with torch.no_grad(), set_current_vllm_config(worker.vllm_config):
+        loaded = model.load_weights(iter(bucket))
+    if loaded is None:
+        raise RuntimeError(f"{type(model).__name__}.load_weights does not report what it loaded")
+    return sorted(loaded)
+
+
+def _finish_in_worker(worker) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    model = worker.model_runner.get_model()
+    with set_current_vllm_config(worker.vllm_config):
+        finalize_layerwise_reload(model, worker.vllm_config.model_config)
+    worker.model_runner.reset_encoder_cache()
+    worker.model_runner.reset_mm_cache()
 
 
 def _collapse_runs(ids: list[int], token: int) -> list[int]:

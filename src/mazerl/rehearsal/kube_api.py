@@ -1,4 +1,5 @@
-"""A Kubernetes API server on 127.0.0.1 for the custom-objects endpoints the RayJob launcher uses.
+"""A Kubernetes API server on 127.0.0.1 for the custom-objects endpoints the RayJob launcher uses
+(the rehearsal's cluster, and the tests').
 
 It speaks the real wire format (`/apis/ray.io/v1/namespaces/<ns>/rayjobs[/<name>]`, JSON bodies,
 `Status` objects with `reason` and `code` on errors), keeps RayJobs in memory, and plays KubeRay's
@@ -7,7 +8,8 @@ each time the job starts Initializing, kept while it is suspended) and endTime. 
 cluster does: 403 for a service account without the Role, 409 for a name that exists, an outage
 (connections refused) for a set number of seconds mid-poll, and, as in a pod, HTTPS with a
 certificate of its own CA (`self_signed_certificate`) and 401 for a request without the service
-account's bearer token.
+account's bearer token. With `validate=True` a created RayJob is checked against KubeRay's CRD schema
+(ray.io/v1, shipped with the package) and refused with 422 Invalid, as a real API server does.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ class ClusterState:
     # when set, plays the job for real: called with the created RayJob in a thread; returns (ok, message).
     # Until it returns the job is Running; then Complete/SUCCEEDED or Failed/AppFailed with the message.
     executor: object = None
+    # when set, called with a RayJob as it is deleted (KubeRay then deletes its Ray cluster: the rehearsal
+    # stops the entrypoint it runs)
+    on_delete: Callable[[dict], None] | None = None
+    validate: bool = False  # check created RayJobs against the CRD's schema (422 Invalid when they do not match)
+    created: list[dict] = field(default_factory=list)  # every RayJob accepted, as the client sent it
     now: Callable[[], float] = time.time  # the operator's clock, for startTime and endTime
     _runs: dict = field(default_factory=dict)
     _gets: int = 0
@@ -52,6 +59,22 @@ class ClusterState:
 
 
 _FINAL = ("Complete", "Failed", "ValidationFailed")  # KubeRay never changes these again
+
+
+def rayjob_schema() -> dict:
+    """KubeRay's RayJob CRD schema (ray.io/v1 openAPIV3Schema), shipped as package data."""
+    import gzip
+    from importlib.resources import files
+
+    raw = files("mazerl").joinpath("assets/crds/rayjob-v1.schema.json.gz").read_bytes()
+    return json.loads(gzip.decompress(raw))
+
+
+def rayjob_schema_errors(manifest: dict) -> list[str]:
+    """Where `manifest` breaks the CRD's schema (empty when it is valid)."""
+    import jsonschema
+
+    return [f"{e.json_path}: {e.message}" for e in jsonschema.Draft7Validator(rayjob_schema()).iter_errors(manifest)]
 
 
 def _timestamp(seconds: float) -> str:
@@ -115,11 +138,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         m, _ = routed
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.state.validate and (problems := rayjob_schema_errors(body)):
+            self._send(422, _status(422, "Invalid", "RayJob.ray.io is invalid: " + "; ".join(problems[:5])))
+            return
         name = body["metadata"]["name"]
         key = (m["ns"], name)
         if key in self.state.jobs:
             self._send(409, _status(409, "AlreadyExists", f'rayjobs.ray.io "{name}" already exists'))
             return
+        self.state.created.append(json.loads(json.dumps(body)))
         body["metadata"].update(namespace=m["ns"], uid=f"uid-{len(self.state.jobs) + 1}", resourceVersion="1",
                                 creationTimestamp="2026-11-30T12:00:00Z")
         self.state.jobs[key] = body
@@ -176,6 +203,8 @@ class _Handler(BaseHTTPRequestHandler):
         if job is None:
             self._send(404, _status(404, "NotFound", f'rayjobs.ray.io "{m["name"]}" not found'))
             return
+        if self.state.on_delete is not None:
+            self.state.on_delete(job)
         self._send(200, _status(200, "", "") | {"status": "Success"})
 
 
