@@ -120,7 +120,9 @@ def _fail(message: str) -> None:
 
 
 def _print_rows(title: str, rows: list[list[str]]) -> None:
-    """A rich table from a header row and data rows."""
+    """A rich table from a header row and data rows (nothing for no rows)."""
+    if not rows:
+        return
     table = Table(title=title)
     for col in rows[0]:
         table.add_column(col, no_wrap=col == "split")
@@ -507,17 +509,20 @@ def eval_compare_cmd(
     new: Annotated[Path, typer.Argument(help="new evaluation directory")],
     out: Annotated[Optional[Path], typer.Option(help="write comparison.json and reports here (default: NEW)")] = None,
 ) -> None:
-    """Paired comparison on the shared mazes: success difference (95% CI, exact McNemar), steps, loops."""
+    """Paired comparison on the shared mazes: success difference (95% CI, exact McNemar), steps, loops, and the
+    promotion guards (pipeline defaults: any split worse, heldout loops, wall bumps, steps/optimal)."""
     from .atomic import write_json
     from .evaluation.compare import compare
-    from .evaluation.report import compare_tables, write_compare_report
+    from .evaluation.report import compare_tables, guard_tables, write_compare_report
+    from .workflow import guard_settings
 
-    result = _run_job(lambda: compare(base, new))
+    result = _run_job(lambda: compare(base, new, guard_settings({})))
     target = out or new
     target.mkdir(parents=True, exist_ok=True)
     write_compare_report(target, result)
     write_json(target / "comparison.json", result)
     _print_rows("new vs base", compare_tables(result))
+    _print_rows("guards (a worse new model would not be promoted)", guard_tables(result))
     console.print(f"report: {target / 'compare.html'}", soft_wrap=True)
 
 
@@ -593,12 +598,16 @@ def pipeline_run_cmd(
         _report_failure(run.error, run.run_dir, run.log, run.task_logs)
     run_dir = run.run_dir
     comparison = json.loads((run_dir / "compare" / "result" / "comparison.json").read_text())
-    from .evaluation.report import compare_tables
+    from .evaluation.report import compare_tables, guard_tables
 
     _print_rows("trained vs baseline (greedy, paired on the same mazes)", compare_tables(comparison))
+    if comparison.get("guards"):
+        _print_rows("guards (each blocks the promotion if the trained model is significantly worse)", guard_tables(comparison))
     d = comparison["decision"]
     figures = (f"heldout {d['success_diff']:+.3f}, p = {d['p_value']:.3g}; "
-               f"rule: gain > {d['min_gain']} and p <= {d['max_p_value']}")
+               f"rule: gain > {d['min_gain']} and p <= {d['max_p_value']}"
+               + (f"; blocked by {', '.join(d['blocked_by'])}" if d.get("blocked_by") else "")
+               + (f"; undecided (too few mazes): {', '.join(d['undecided'])}" if d.get("undecided") else ""))
     try:  # what the promote step did (its registry entry), not only what compare decided
         promoted = runner.promotion_of_run(run_dir, arguments["registry_root"])
     except ConfigError as err:

@@ -311,21 +311,55 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
     return summary
 
 
-def compare(base_dir: str, new_dir: str, out_dir: str, min_gain: float, max_p_value: float) -> dict:
-    """The promotion rule: heldout success rises by more than `min_gain` with McNemar p <= `max_p_value`."""
+def compare(base_dir: str, new_dir: str, out_dir: str, min_gain: float, max_p_value: float,
+            guards: dict | None = None) -> dict:
+    """The promotion rule: heldout success rises by more than `min_gain` with McNemar p <= `max_p_value`, and
+    no guard (`evaluation.guards`; `guards`: GuardSettings fields, all on by default) finds the new model worse.
+    `decision.blocked_by` names the guards that failed; `decision.undecided` those with too few mazes to tell."""
     from .evaluation.compare import compare as run_compare
     from .evaluation.report import write_compare_report
 
-    result = run_compare(base_dir, new_dir)
+    settings = guard_settings(guards or {})
+    result = run_compare(base_dir, new_dir, settings)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    write_compare_report(out_dir, result)
     head = result["splits"].get("heldout") or next(iter(result["splits"].values()))
-    improved = head["success_diff"] > min_gain and head["mcnemar_p"] <= max_p_value
+    criterion = head["success_diff"] > min_gain and head["mcnemar_p"] <= max_p_value
+    blocked = [g["name"] for g in result["guards"] if not g["passed"]]
     result["decision"] = {"split": "heldout" if "heldout" in result["splits"] else next(iter(result["splits"])),
                           "success_diff": head["success_diff"], "p_value": head["mcnemar_p"],
-                          "min_gain": min_gain, "max_p_value": max_p_value, "improved": bool(improved)}
+                          "min_gain": min_gain, "max_p_value": max_p_value, "criterion_met": bool(criterion),
+                          "guards": settings.model_dump(mode="json"), "blocked_by": blocked,
+                          "undecided": [g["name"] for g in result["guards"] if not g["decided"]],
+                          "improved": bool(criterion and not blocked)}
+    write_compare_report(out_dir, result)
     write_json(Path(out_dir) / "comparison.json", result)
     return result
+
+
+# the pipeline's guard parameters and the GuardSettings field each sets
+GUARD_PARAMETERS = {"guards": "enabled", "guard_p_value": "p_value", "guard_margin": "margin",
+                    "guard_success_tolerance": "success_tolerance", "guard_loop_tolerance": "loop_tolerance",
+                    "guard_wall_bump_tolerance": "wall_bump_tolerance", "guard_steps_tolerance": "steps_tolerance",
+                    "guard_splits": "splits"}
+
+
+def guard_settings(values: dict):
+    """GuardSettings from its fields or from pipeline parameters (`GUARD_PARAMETERS`; guard_splits: a comma list,
+    '' for every evaluated split). A bad value is a ConfigError naming the parameter and what is allowed."""
+    from pydantic import ValidationError
+
+    from .evaluation.guards import GuardSettings
+
+    fields = {GUARD_PARAMETERS.get(k, k): v for k, v in values.items()}
+    if isinstance(fields.get("splits"), str):
+        fields["splits"] = [x.strip() for x in fields["splits"].split(",") if x.strip()] or None
+    try:
+        return GuardSettings.model_validate(fields)
+    except ValidationError as err:
+        e = err.errors()[0]
+        field = str(e["loc"][0]) if e["loc"] else "?"
+        name = next((k for k, v in GUARD_PARAMETERS.items() if v == field), field)
+        raise ConfigError(f"{name} = {e.get('input')!r}: {e['msg']}") from None
 
 
 def read_comparison(result_dir: str) -> dict:

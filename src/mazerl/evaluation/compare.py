@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..mazes.dataset_io import maze_key
 from ..mazes.layout import MazeError
+from .guards import GuardSettings, evaluate_guards
 from .runner import load_episodes
 from .stats import Z95, mcnemar_exact, paired_comparison
 
@@ -65,7 +66,8 @@ def _check_same_settings(base_dir: Path, new_dir: Path) -> None:
                         "evaluate both with the same view settings to compare them")
 
 
-def compare(base_dir: str | Path, new_dir: str | Path) -> dict:
+def compare(base_dir: str | Path, new_dir: str | Path, guards: GuardSettings | None = None) -> dict:
+    """Every shared split's paired figures, and with `guards` the guard records (`evaluation.guards`)."""
     base_dir, new_dir = Path(base_dir), Path(new_dir)
     base = _keyed(load_episodes(base_dir), base_dir)
     new = _keyed(load_episodes(new_dir), new_dir)
@@ -74,6 +76,7 @@ def compare(base_dir: str | Path, new_dir: str | Path) -> dict:
     splits = [s for s in base.split.unique() if s in set(new.split.unique())]
     if not splits:
         raise MazeError(f"{base_dir} and {new_dir} share no split: nothing to compare")
+    paired: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
     for split in splits:
         a = base[base.split == split].set_index("maze_key")
         b = new[new.split == split].set_index("maze_key")
@@ -89,6 +92,7 @@ def compare(base_dir: str | Path, new_dir: str | Path) -> dict:
                 "of the same split file"
             )
         b = b.loc[a.index]
+        paired[split] = (a, b)
         budgets = a.max_turns.to_numpy() != b.max_turns.to_numpy()
         if budgets.any():
             k = int(budgets.argmax())
@@ -113,4 +117,6 @@ def compare(base_dir: str | Path, new_dir: str | Path) -> dict:
             "loop_diff": float(b.loop.mean() - a.loop.mean()),
             "loop_mcnemar_p": mcnemar_exact(loops_only_a, loops_only_b),
         }
+    if guards is not None:
+        out["guards"] = evaluate_guards(paired, guards)
     return out

@@ -250,6 +250,35 @@ def compare_tables(cmp: dict) -> list[list[str]]:
     return rows
 
 
+def guard_tables(cmp: dict) -> list[list[str]]:
+    """One row per guard (empty without guards), and the decision's verdict on it."""
+    if not cmp.get("guards"):
+        return []
+
+    def num(x) -> str:
+        return "–" if x is None else f"{x:.3f}"
+
+    rows = [["guard", "split", "mazes", "base", "new", "p", "tolerance", "verdict"]]
+    for g in cmp["guards"]:
+        verdict = "BLOCKS" if not g["passed"] else "passes" if g["decided"] else "undecided"
+        rows.append([g["name"], g["split"], str(g["pairs"]), num(g["base"]), num(g["new"]), f"{g['p']:.3g}",
+                     f"{g['tolerance']:g}", f"{verdict}: {g['why']}"])
+    return rows
+
+
+def decision_line(cmp: dict) -> str:
+    """The promotion decision in one sentence (empty without one)."""
+    d = cmp.get("decision")
+    if not d:
+        return ""
+    rule = (f"heldout {d['success_diff']:+.3f}, p = {d['p_value']:.3g}; rule: gain > {d['min_gain']} and p <= "
+            f"{d['max_p_value']}: {'met' if d.get('criterion_met', d['improved']) else 'not met'}")
+    guards = (f"; blocked by {', '.join(d['blocked_by'])}" if d.get("blocked_by") else
+              "; no guard blocks" if "blocked_by" in d else "")
+    undecided = f" (undecided, too few mazes: {', '.join(d['undecided'])})" if d.get("undecided") else ""
+    return f"promote: {'yes' if d['improved'] else 'no'} ({rule}{guards}{undecided})"
+
+
 def write_compare_report(out_dir: str | Path, cmp: dict) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     splits = list(cmp["splits"])
@@ -264,11 +293,17 @@ def write_compare_report(out_dir: str | Path, cmp: dict) -> tuple[Path, Path]:
     ax.set_ylabel("success: new - base (95% CI)")
     png = _png(fig)
     table = compare_tables(cmp)
+    guards = guard_tables(cmp)
+    verdict = decision_line(cmp)
     title = f"mazerl comparison: {cmp['new']} vs {cmp['base']}"
     html_path = out_dir / "compare.html"
     write_text(html_path, f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
-               f"<h1>{html.escape(title)}</h1>{_html_table(table)}<h2>success difference</h2><img src='{_b64(png)}'></body></html>")
+               f"<h1>{html.escape(title)}</h1>" + (f"<p><b>{html.escape(verdict)}</b></p>" if verdict else "")
+               + f"{_html_table(table)}" + (f"<h2>guards</h2>{_html_table(guards)}" if guards else "")
+               + f"<h2>success difference</h2><img src='{_b64(png)}'></body></html>")
     write_bytes(out_dir / "compare_files" / "difference.png", png)
     md_path = out_dir / "compare.md"
-    write_text(md_path, f"# {title}\n\n{_md_table(table)}\n\n![success difference](compare_files/difference.png)\n")
+    write_text(md_path, f"# {title}\n\n" + (f"**{verdict}**\n\n" if verdict else "") + f"{_md_table(table)}\n\n"
+               + (f"## guards\n\n{_md_table(guards)}\n\n" if guards else "")
+               + "![success difference](compare_files/difference.png)\n")
     return html_path, md_path

@@ -1,7 +1,7 @@
 """The mazerl DAG:
     draw_train_seed -> generate_mazes -> resolve_model -> warm_start (off for tiny-base) -> [evaluate (baseline)]
                                                   -> train_grpo -> [evaluate (trained)]
-                   -> compare -> If(compare's output == 1) -> promote
+                   -> compare (heldout gain and the guards) -> If(compare's output == 1) -> promote
     inside an ExitHandler whose cleanup deletes launched resources (nothing locally).
 
 Generation is cached (same preset + seeds = same splits); training and evaluation are not. Both
@@ -40,6 +40,14 @@ def build_pipeline(profile: Profile):
         reference_mazes: int = 0,
         min_gain: float = defaults.min_gain,
         max_p_value: float = defaults.max_p_value,
+        guards: bool = True,
+        guard_p_value: float = 0.05,
+        guard_margin: float = 0.10,
+        guard_success_tolerance: float = 0.0,
+        guard_loop_tolerance: float = 0.0,
+        guard_wall_bump_tolerance: float = 0.0,
+        guard_steps_tolerance: float = 0.0,
+        guard_splits: str = "",
         registry_root: str = profile.storage.root,
     ):
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -65,7 +73,13 @@ def build_pipeline(profile: Profile):
                                         label="trained", config=grpo_config, engine=profile.eval_engine).set_caching_options(False)
             trained.set_display_name("evaluate-trained")
             decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
-                                        min_gain=min_gain, max_p_value=max_p_value).set_caching_options(False)
+                                        min_gain=min_gain, max_p_value=max_p_value, guards=guards,
+                                        guard_p_value=guard_p_value, guard_margin=guard_margin,
+                                        guard_success_tolerance=guard_success_tolerance,
+                                        guard_loop_tolerance=guard_loop_tolerance,
+                                        guard_wall_bump_tolerance=guard_wall_bump_tolerance,
+                                        guard_steps_tolerance=guard_steps_tolerance,
+                                        guard_splits=guard_splits).set_caching_options(False)
             with dsl.If(decision.outputs["Output"] == 1, name="improved"):
                 promote = comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
                                  comparison=decision.outputs["result"],

@@ -90,9 +90,14 @@ def run_local(profile: Profile, pipeline_root: str | Path, arguments: dict) -> o
 
 
 def check_arguments(profile: Profile, arguments: dict) -> dict:
-    """The parameter checks a submission gets (names, types), against this profile's compiled spec."""
+    """The parameter checks a submission gets (names, types, the guards' ranges), against this profile's
+    compiled spec."""
+    from ..workflow import GUARD_PARAMETERS, guard_settings
+
     with tempfile.TemporaryDirectory() as tmp:
-        return check_parameters(compile_pipeline(profile, Path(tmp) / "pipeline.yaml"), arguments)
+        checked = check_parameters(compile_pipeline(profile, Path(tmp) / "pipeline.yaml"), arguments)
+    guard_settings({k: v for k, v in checked.items() if k in GUARD_PARAMETERS})  # a bad one: a ConfigError naming it
+    return checked
 
 
 @dataclass

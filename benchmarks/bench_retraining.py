@@ -1,0 +1,114 @@
+"""Scheduled retraining, rounds back to back: does each round start from the last promoted model and
+improve on it?
+
+    python benchmarks/bench_retraining.py --rounds 3 [--config default|smoke] [--out DIR]
+
+Each round is `mazerl pipeline run --profile local` in DIR (one registry for all rounds), exactly as a
+recurring run does it: `resolve-model` starts from the registry's last promoted model (tiny-base in round
+1), the train seed is drawn from the run id (a fresh one each round), the evaluation splits are the same
+frozen files, and the guarded gate decides. A round that is not promoted leaves the registry as it was,
+so the next round starts from the same model. Writes DIR/retraining.json (each round's start model,
+decision, blocking guards, heldout success and loop rate, VisGym hard-64 success) and
+DIR/retraining.png (success and loops per round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rounds {text!r}: give a whole number of rounds >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--rounds {value}: give a whole number of rounds >= 1")
+    return value
+
+
+def latest_run(root: Path, before: set[Path]) -> Path | None:
+    runs = sorted(set(root.glob("outputs/pipeline/runs/mazerl-*")) - before)
+    return runs[-1] if runs else None
+
+
+def round_record(run_dir: Path) -> dict:
+    """What one pipeline run decided and measured, from its task outputs."""
+    comparison = json.loads((run_dir / "compare" / "result" / "comparison.json").read_text())
+    start = json.loads((run_dir / "resolve-model" / "executor_output.json").read_text())["parameterValues"]["Output"]
+    splits, d = comparison["splits"], comparison["decision"]
+    held = splits["heldout"]
+    hard = splits.get("visgym-hard-64", {})
+    return {"run": run_dir.name, "start_model": start, "promoted": bool(d["improved"]),
+            "blocked_by": d.get("blocked_by", []), "undecided": d.get("undecided", []),
+            "heldout_base": held["success_base"], "heldout_new": held["success_new"], "heldout_p": held["mcnemar_p"],
+            "loop_base": held["loop_rate_base"], "loop_new": held["loop_rate_new"], "loop_p": held["loop_mcnemar_p"],
+            "hard64_base": hard.get("success_base"), "hard64_new": hard.get("success_new")}
+
+
+def plot(rounds: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = list(range(len(rounds) + 1))
+    success = [rounds[0]["heldout_base"]] + [r["heldout_new"] for r in rounds]
+    loops = [rounds[0]["loop_base"]] + [r["loop_new"] for r in rounds]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(x, success, "o-", label="heldout success")
+    ax.plot(x, loops, "s--", label="heldout loop rate")
+    for i, r in enumerate(rounds, start=1):
+        ax.annotate("promoted" if r["promoted"] else "kept", (i, success[i]), textcoords="offset points", xytext=(0, 6),
+                    ha="center", fontsize=7)
+    ax.set_xticks(x, ["base"] + [f"round {i}" for i in x[1:]])
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=positive, required=True)
+    parser.add_argument("--config", choices=["default", "smoke"], default="default")
+    parser.add_argument("--out", type=Path, default=Path("outputs/retraining"))
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    mazerl = shutil.which("mazerl") or f"{sys.executable} -m mazerl"
+    rounds: list[dict] = []
+    for k in range(1, args.rounds + 1):
+        before = set(out.glob("outputs/pipeline/runs/mazerl-*"))
+        t0 = time.time()
+        proc = subprocess.run([*mazerl.split(), "pipeline", "run", "--profile", "local", "--config", args.config],
+                              cwd=out, capture_output=True, text=True)
+        run_dir = latest_run(out, before)
+        if run_dir is None or not (run_dir / "compare" / "result" / "comparison.json").is_file():
+            print(f"round {k}: the pipeline failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return 1
+        record = {"round": k, "seconds": round(time.time() - t0, 1), **round_record(run_dir)}
+        rounds.append(record)
+        print(f"round {k}: from {Path(record['start_model']).name}: heldout {record['heldout_base']:.3f} -> "
+              f"{record['heldout_new']:.3f} (p = {record['heldout_p']:.3g}), loops {record['loop_base']:.3f} -> "
+              f"{record['loop_new']:.3f}; {'promoted' if record['promoted'] else 'not promoted'}"
+              + (f" (blocked by {', '.join(record['blocked_by'])})" if record["blocked_by"] else ""), flush=True)
+        (out / "retraining.json").write_text(json.dumps({"config": args.config, "rounds": rounds}, indent=2) + "\n")
+    plot(rounds, out / "retraining.png")
+    first = rounds[0]["heldout_base"]
+    best = max([first] + [r["heldout_new"] for r in rounds if r["promoted"]])
+    print(f"last promoted model vs the start: heldout {first:.3f} -> {best:.3f} ({(best - first) * 100:+.1f} points); "
+          f"{out / 'retraining.json'}, {out / 'retraining.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

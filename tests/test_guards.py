@@ -1,0 +1,136 @@
+"""The promotion guards: a trained model that is significantly worse on any split, loops more, bumps more
+walls or takes longer routes is not promoted, whatever its heldout gain; a guard with too few mazes to
+tell says so (issue #34)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from conftest import assert_clear_error
+from mazerl.cli import app
+from mazerl.config import ConfigError
+from mazerl.evaluation.guards import GuardSettings, evaluate_guards
+from mazerl.evaluation.runner import EvalConfig, evaluate
+from mazerl.mazes.layout import MazeError
+from mazerl.workflow import compare, guard_settings
+
+runner = CliRunner()
+GUARD_FIELDS = {"name", "split", "metric", "base", "new", "p", "tolerance", "decided", "passed"}
+
+
+def _episodes(n: int, success: float, loop: float = 0.1, bumps: float = 0.0, steps: float = 1.2, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    ok = np.arange(n) < round(success * n)
+    turns = np.full(n, 18)
+    return pd.DataFrame({"success": ok, "loop": np.arange(n) < round(loop * n),
+                         "wall_bumps": np.round(bumps * turns + rng.integers(0, 2, n)).astype(int), "turns": turns,
+                         "steps_over_optimal": np.where(ok, steps + rng.uniform(0, 0.05, n), np.nan)})
+
+
+def _by_name(guards: list[dict]) -> dict:
+    return {g["name"]: g for g in guards}
+
+
+def test_more_loops_block_a_promotion_that_heldout_success_alone_would_pass():
+    base, new = _episodes(300, 0.30, loop=0.10), _episodes(300, 0.47, loop=0.19)
+    guards = _by_name(evaluate_guards({"heldout": (base, new)}, GuardSettings()))
+    assert guards["success:heldout"]["passed"] and guards["success:heldout"]["decided"]
+    loop = guards["loop_rate"]
+    assert not loop["passed"] and loop["decided"] and loop["p"] <= 0.05 and loop["new"] > loop["base"]
+    # within its tolerance the same rise passes
+    tolerant = _by_name(evaluate_guards({"heldout": (base, new)}, GuardSettings(loop_tolerance=0.1)))
+    assert tolerant["loop_rate"]["passed"]
+
+
+def test_a_split_significantly_worse_blocks_and_a_small_one_is_undecided_not_passed():
+    paired = {"heldout": (_episodes(300, 0.3), _episodes(300, 0.4)),
+              "larger": (_episodes(200, 0.5, seed=1), _episodes(200, 0.3, seed=1)),
+              "visual-shift": (_episodes(12, 0.25, seed=2), _episodes(12, 0.25, seed=2))}
+    guards = _by_name(evaluate_guards(paired, GuardSettings()))
+    assert not guards["success:larger"]["passed"]
+    small = guards["success:visual-shift"]
+    assert small["passed"] and not small["decided"] and "12 mazes cannot rule out" in small["why"]
+    assert all(GUARD_FIELDS <= set(g) for g in guards.values())
+
+
+def test_wall_bumps_and_longer_routes_are_guarded():
+    base, new = _episodes(300, 0.5, bumps=0.05, steps=1.2), _episodes(300, 0.5, bumps=0.30, steps=1.6)
+    guards = _by_name(evaluate_guards({"heldout": (base, new)}, GuardSettings()))
+    assert not guards["wall_bumps_per_turn"]["passed"] and not guards["steps_over_optimal"]["passed"]
+    same = _by_name(evaluate_guards({"heldout": (base, base.copy())}, GuardSettings()))
+    assert all(g["passed"] and g["decided"] for g in same.values())
+
+
+@pytest.fixture(scope="module")
+def oracle_and_random(small_mazes, tmp_path_factory):
+    out = tmp_path_factory.mktemp("evals")
+    data = [str(small_mazes / "heldout.parquet"), str(small_mazes / "tiny.parquet")]
+    evaluate(EvalConfig(policy="oracle", data=data, out=str(out / "oracle")))
+    evaluate(EvalConfig(policy="random", data=data, out=str(out / "random")))
+    return out
+
+
+def test_the_decision_names_the_guard_that_blocked_even_with_the_main_rule_met(oracle_and_random, tmp_path):
+    """A worse model with the gate opened (min_gain -1.5, p <= 1): the main rule is met, the guards block it."""
+    e = oracle_and_random
+    result = compare(str(e / "oracle"), str(e / "random"), str(tmp_path / "cmp"), -1.5, 1.0)
+    d = result["decision"]
+    assert d["criterion_met"] and not d["improved"] and "success:heldout" in d["blocked_by"]
+    saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert saved["decision"]["blocked_by"] == d["blocked_by"] and {g["split"] for g in saved["guards"]} >= {"heldout", "tiny"}
+    assert all(GUARD_FIELDS <= set(g) for g in saved["guards"])
+    assert "BLOCKS" in (tmp_path / "cmp" / "compare.md").read_text() and "blocked by" in (tmp_path / "cmp" / "compare.md").read_text()
+    # the other way round nothing blocks, and without guards the same worse model would have been promoted
+    better = compare(str(e / "random"), str(e / "oracle"), str(tmp_path / "cmp2"), 0.0, 0.05)["decision"]
+    assert better["improved"] and better["blocked_by"] == []
+    unguarded = compare(str(e / "oracle"), str(e / "random"), str(tmp_path / "cmp3"), -1.5, 1.0, {"guards": False})
+    assert unguarded["decision"]["improved"] and unguarded["guards"] == []
+
+
+def test_eval_compare_prints_the_guards(oracle_and_random, tmp_path):
+    e = oracle_and_random
+    result = runner.invoke(app, ["eval", "compare", str(e / "oracle"), str(e / "random"), "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert "guards" in result.output and "BLOCKS" in result.output
+
+
+# ---- bad input -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("values,named", [({"guard_p_value": 0.0}, "guard_p_value"), ({"guard_p_value": 1.5}, "guard_p_value"),
+                                          ({"guard_loop_tolerance": -0.1}, "guard_loop_tolerance"),
+                                          ({"guard_success_tolerance": -1}, "guard_success_tolerance"),
+                                          ({"guard_margin": 2.0}, "guard_margin")])
+def test_guard_parameters_out_of_range_are_named(values, named):
+    with pytest.raises(ConfigError, match=named):
+        guard_settings(values)
+
+
+def test_a_guard_naming_a_split_the_evaluation_lacks_is_a_clear_error(oracle_and_random, tmp_path):
+    e = oracle_and_random
+    with pytest.raises(MazeError, match="'larger'.*evaluated: heldout, tiny"):
+        compare(str(e / "oracle"), str(e / "random"), str(tmp_path / "cmp"), 0.0, 0.05, {"guard_splits": "heldout,larger"})
+    assert not (tmp_path / "cmp" / "comparison.json").exists()
+
+
+def test_a_pipeline_run_with_a_negative_guard_tolerance_is_refused_before_it_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["pipeline", "run", "--config", "smoke", "--param", "guard_loop_tolerance=-0.1"])
+    assert_clear_error(result, "guard_loop_tolerance")
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("comparison.json"))
+
+
+@pytest.mark.parametrize("rounds", ["0", "-2", "three"])
+def test_bench_retraining_refuses_a_round_count_below_one(rounds, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_retraining.py"), "--rounds", rounds,
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--rounds" in proc.stderr and ">= 1" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
