@@ -215,3 +215,22 @@ def test_unreachable_goal_is_rejected():
     grid[2, 5] = 1
     with pytest.raises(ValueError, match="cannot reach"):
         MazeTask.build(Maze(grid=grid, start=(1, 1), goal=(5, 5)))
+
+
+def test_revisit_penalty_charges_each_move_onto_a_square_already_visited():
+    env = MazeEnv(HAND_MAZE, EnvConfig(revisit_penalty=0.05, max_turns=30))
+    env.reset()
+    rewards = [env.step(act(a)).reward for a in ["right", "left", "right", "up"]]  # (1,2) (1,1)* (1,2)* bump
+    assert rewards == pytest.approx([0.0, -0.05, -0.05, 0.0])
+    assert env.stats.revisits == 2
+    env = MazeEnv(HAND_MAZE)  # off by default
+    env.reset()
+    assert [env.step(act(a)).reward for a in ["right", "left"]] == [0.0, 0.0]
+
+
+def test_dead_end_exit_bonus_is_paid_once_per_pocket_left():
+    env = MazeEnv(HAND_MAZE, EnvConfig(dead_end_exit_bonus=0.3, max_turns=30))
+    env.reset()
+    rewards = [env.step(act(a)).reward for a in ["down", "down", "down", "up", "left", "up", "up"]]  # into pocket 1, out
+    assert env.stats.recovery_turns == [6]
+    assert sum(rewards) == pytest.approx(0.3) and rewards.count(0.3) == 1

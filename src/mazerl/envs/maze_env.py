@@ -44,6 +44,12 @@ class EnvConfig(BaseModel):
         description="x (distance to goal before - after) each move: potential-based shaping (Ng et al., 1999), "
         "dense, and it leaves the optimal policy unchanged",
     )
+    revisit_penalty: float = Field(
+        0.0, ge=0.0, description="subtracted when a move enters a square this episode has already visited: going round "
+        "in circles costs, while a dead end may still be backed out of (its way back is charged once per square)")
+    dead_end_exit_bonus: float = Field(
+        0.0, ge=0.0, description="added when a move leaves a dead-end pocket: credit for recognising a dead end and "
+        "backing out of it")
     terminate_on_goal: bool = Field(False, description="end the episode (success) on arrival at the goal")
     end_when_out_of_reach: bool = Field(
         False,
@@ -166,7 +172,12 @@ class MazeEnv:
             self.task.renderer.move_agent(self._frame, before, after)
             self.position = after
         tracker = self._tracker
+        revisits, recoveries = tracker.stats.revisits, len(tracker.stats.recovery_turns)
         tracker.record(action, before, after, bumped)
+        if tracker.stats.revisits > revisits:
+            reward -= cfg.revisit_penalty
+        if len(tracker.stats.recovery_turns) > recoveries:
+            reward += cfg.dead_end_exit_bonus
         turns = tracker.stats.turns
         reached = cfg.terminate_on_goal and after == self._goal and action != "stop"
         if action == "stop":
