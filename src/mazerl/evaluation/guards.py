@@ -35,7 +35,10 @@ class GuardSettings(BaseModel):
     success_tolerance: float = Field(0.0, ge=0.0, le=1.0, description="drop in a split's success rate allowed")
     loop_tolerance: float = Field(0.0, ge=0.0, le=1.0, description="rise in heldout loop rate allowed")
     wall_bump_tolerance: float = Field(0.0, ge=0.0, description="rise in heldout wall bumps per turn allowed")
-    steps_tolerance: float = Field(0.0, ge=0.0, description="rise in heldout steps/optimal (mazes both solve) allowed")
+    # routes up to 5% longer on average are allowed: a base that solves only along the optimal route (steps/optimal
+    # exactly 1) would otherwise be defended against any detour at all (the 2026-12-05 demo: +15.6 points of heldout
+    # success blocked by 1.000 -> 1.034 on the 117 mazes both solved)
+    steps_tolerance: float = Field(0.05, ge=0.0, description="rise in heldout steps/optimal (mazes both solve) allowed")
     splits: list[str] | None = Field(None, description="splits whose success is guarded (None: every evaluated split)")
 
 
@@ -59,9 +62,10 @@ def _judge(name: str, split: str, metric: str, base: float | None, new: float | 
     return {"name": name, "split": split, "metric": metric, "base": base, "new": new, "pairs": pairs, "p": p,
             "tolerance": tolerance, "decided": bool(decided), "passed": not failed,
             "why": (f"worse by {worse_by:+.3f} (p = {p:.3g} <= {s.p_value})" if failed else
-                    "not worse" if decided else
                     f"{pairs} mazes cannot rule out a worsening of {tolerance + s.margin:.2f} "
-                    f"(95% interval reaches {worst_ci:+.3f})")}
+                    f"(95% interval reaches {worst_ci:+.3f})" if not decided else
+                    f"worse by {worse_by:+.3f}, within its tolerance" if worse_by > 0 and p <= s.p_value else
+                    f"worse by {worse_by:+.3f}, not significantly (p = {p:.3g})" if worse_by > 0 else "not worse")}
 
 
 def evaluate_guards(paired: dict[str, tuple[pd.DataFrame, pd.DataFrame]], s: GuardSettings) -> list[dict]:

@@ -46,7 +46,7 @@ def build_pipeline(profile: Profile):
         guard_success_tolerance: float = 0.0,
         guard_loop_tolerance: float = 0.0,
         guard_wall_bump_tolerance: float = 0.0,
-        guard_steps_tolerance: float = 0.0,
+        guard_steps_tolerance: float = 0.05,
         guard_splits: str = "",
         registry_root: str = profile.storage.root,
     ):
