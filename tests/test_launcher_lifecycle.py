@@ -24,7 +24,7 @@ from mazerl.cluster.rayjob import LABEL_RUN, build_rayjob, job_name, launcher_po
 from mazerl.cluster.train_step import DEADLINE_MARGIN_S
 from mazerl.profiles import load_profile
 
-from mazerl.rehearsal.kube_api import ClusterState, K8sAPIServer
+from mazerl.rehearsal.kube_api import ClusterState, K8sAPIServer, write_kubeconfig
 
 NS = "hyperpod-ns-ml-research"
 RUN = "3f2c1b9e-1111-2222-3333-444455556666"
@@ -236,11 +236,7 @@ def test_a_terminated_train_task_deletes_its_rayjob(small_mazes, tmp_path):
         "sagemaker": None})
     with K8sAPIServer(ClusterState(script=[{"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}])) as srv:
         kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "hp",
-            "clusters": [{"name": "hp", "cluster": {"server": srv.url}}],
-            "users": [{"name": "me", "user": {"token": "t0ken"}}],
-            "contexts": [{"name": "hp", "context": {"cluster": "hp", "user": "me"}}]}))
+        write_kubeconfig(kubeconfig, srv.url, "t0ken")
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
         env.update(POD, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
         proc = subprocess.Popen([sys.executable, "-c", TRAIN_TASK, str(small_mazes), str(tmp_path / "out"),

@@ -20,7 +20,7 @@ from mazerl.cluster.launcher import LauncherError, RayJobLauncher, RBACError, cu
 from mazerl.cluster.rayjob import LABEL_RUN, RayJobSpecError, build_rayjob, job_name, render
 from mazerl.profiles import load_profile
 
-from mazerl.rehearsal.kube_api import ClusterState, K8sAPIServer, self_signed_certificate
+from mazerl.rehearsal.kube_api import ClusterState, K8sAPIServer, self_signed_certificate, write_kubeconfig
 
 CRDS = Path(__file__).parent / "data" / "crds"
 RUN = "3f2c1b9e-1111-2222-3333-444455556666"
@@ -428,11 +428,7 @@ def test_the_launcher_reaches_the_cluster_through_a_kubeconfig(tmp_path, monkeyp
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with K8sAPIServer() as srv:
         kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "hp",
-            "clusters": [{"name": "hp", "cluster": {"server": srv.url}}],
-            "users": [{"name": "me", "user": {"token": "t0ken"}}],
-            "contexts": [{"name": "hp", "context": {"cluster": "hp", "user": "me"}}]}))
+        write_kubeconfig(kubeconfig, srv.url, "t0ken")
         api = custom_objects_api(kubeconfig=str(kubeconfig))
         outcome = RayJobLauncher(api, "hyperpod-ns-ml-research", poll_s=0.05, log=lambda _: None).run(p5_manifest())
     assert outcome.succeeded

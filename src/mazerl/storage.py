@@ -20,7 +20,7 @@ from pathlib import Path
 from .atomic import atomic_directory
 from .errors import UserError
 from .profiles import check_bucket_name
-from .integrity import ManifestError, check_file_list, check_folder, check_listing, manifest_of, parse_manifest, read_manifest
+from .integrity import check_file_list, check_folder, manifest_of, parse_manifest
 from .rl.checkpoint import MANIFEST, verify
 
 log = logging.getLogger(__name__)
@@ -122,14 +122,7 @@ class S3CheckpointStore:
         checkpoint = Path(checkpoint)
         name = name or checkpoint.name
         if (checkpoint / MANIFEST).exists():
-            if just_written:
-                try:
-                    check_listing(checkpoint, read_manifest(checkpoint / MANIFEST), str(checkpoint / MANIFEST), MANIFEST)
-                    problem = None
-                except ManifestError as err:
-                    problem = str(err)
-            else:
-                problem = verify(checkpoint)
+            problem = verify(checkpoint, hashes_checked=just_written)
             if problem is not None:
                 raise StorageError(f"not uploading {checkpoint}: {problem}")
             manifest = json.loads((checkpoint / MANIFEST).read_text())

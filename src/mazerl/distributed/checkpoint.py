@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..atomic import write_json
-from ..integrity import ManifestError, check_listing, folder_files, hash_files, read_manifest
+from ..integrity import folder_files, hash_files
 from ..rl.checkpoint import MANIFEST, CheckpointMismatchError, verify
 
 STATE = "state.json"
@@ -121,14 +121,7 @@ def load_sharded(path: str | Path, model, optimizer, scheduler, rank: int = 0, w
     any rank loads), so this rank only checks that the folder holds the listed files: N ranks each
     re-hashing the whole checkpoint would read it N more times."""
     path = Path(path)
-    if verified:
-        try:
-            check_listing(path, read_manifest(path / MANIFEST), str(path / MANIFEST), MANIFEST)
-            problem = None
-        except ManifestError as err:
-            problem = str(err)
-    else:
-        problem = verify(path)
+    problem = verify(path, hashes_checked=verified)
     if problem is not None:
         raise CheckpointMismatchError(f"checkpoint {path} cannot be trusted: {problem}")
     state = json.loads((path / STATE).read_text())

@@ -257,6 +257,21 @@ class K8sAPIServer:
         self.stop()
 
 
+def write_kubeconfig(path, server: str, token: str, namespace: str | None = None, name: str = "local") -> None:
+    """A kubeconfig whose current context reaches `server` with a bearer `token` (as the launcher reads one
+    outside a pod)."""
+    from pathlib import Path
+
+    import yaml
+
+    context = {"cluster": name, "user": name, **({"namespace": namespace} if namespace else {})}
+    Path(path).write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [{"name": name, "cluster": {"server": server}}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": context}]}))
+
+
 def self_signed_certificate(directory, name: str = "apiserver") -> tuple[str, str]:
     """A CA-less self-signed certificate for 127.0.0.1 (it is its own CA bundle): (cert, key) paths."""
     from pathlib import Path

@@ -181,7 +181,7 @@ def rehearse(profile: Profile, out: Path, cancel_after_step: int | None = None, 
     from ..cluster.rayjob import driver_job_config
     from ..pipeline.run import run_local_logged
     from .aws import environment, local_aws, registered_models
-    from .kube_api import ClusterState, K8sAPIServer, rayjob_schema_errors
+    from .kube_api import ClusterState, K8sAPIServer, rayjob_schema_errors, write_kubeconfig
     from .kuberay import LocalKubeRay
     from .model import build_rehearsal_model
 
@@ -214,12 +214,7 @@ def rehearse(profile: Profile, out: Path, cancel_after_step: int | None = None, 
     warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
     with local_aws(profile), K8sAPIServer(state) as api:
         kubeconfig = out / "kubeconfig"
-        write_text(kubeconfig, yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "rehearsal",
-            "clusters": [{"name": "rehearsal", "cluster": {"server": api.url}}],
-            "users": [{"name": "rehearsal", "user": {"token": "rehearsal"}}],
-            "contexts": [{"name": "rehearsal", "context": {"cluster": "rehearsal", "user": "rehearsal",
-                                                         "namespace": profile.namespace}}]}))
+        write_kubeconfig(kubeconfig, api.url, "rehearsal", profile.namespace, name="rehearsal")
         # what a cluster gives the train task's pod: API credentials and the downward API's name and uid
         pod_env = {"KUBECONFIG": str(kubeconfig), "MAZERL_POD_NAMESPACE": profile.namespace or "", **POD}
         with environment(pod_env):
@@ -240,7 +235,7 @@ def rehearse(profile: Profile, out: Path, cancel_after_step: int | None = None, 
                 kuberay.on_delete(state.jobs.pop(key))
             time.sleep(1.0)
             created = [job for _, job in sorted(state.jobs.items())]
-            manifests = _created_manifests(state)
+            manifests = state.created  # as the launcher sent them
             registered = (registered_models(profile.sagemaker.model_package_group)
                           if profile.sagemaker and profile.sagemaker.model_package_group else [])
 
@@ -308,11 +303,6 @@ def _plain(text: str) -> str:
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-def _created_manifests(state) -> list[dict]:
-    """Every RayJob the API server accepted, as created (metadata the server adds removed)."""
-    return [json.loads(json.dumps(body)) for body in state.created]
 
 
 def _substitution_list(profile: Profile, differences: dict) -> list[dict]:
