@@ -90,7 +90,7 @@ def test_autocast_off_on_the_command_line_and_in_a_file(tmp_path):
 
 
 def _shipped(name: str) -> Path:
-    from mazerl.profiles import resolve_job_config
+    from mazerl.config import resolve_job_config
 
     return Path(resolve_job_config(name))
 

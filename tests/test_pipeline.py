@@ -202,7 +202,7 @@ def test_workflow_refuses_silent_fallbacks(tmp_path):
 
 
 def test_named_configs_and_profiles_work_from_any_directory(tmp_path, monkeypatch):
-    from mazerl.profiles import resolve_job_config
+    from mazerl.config import resolve_job_config
 
     monkeypatch.chdir(tmp_path)
     assert Path(resolve_job_config("tiny-grpo")).is_file()

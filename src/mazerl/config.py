@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
-from .errors import UserError
+from .errors import UserError, format_validation_error, shorten  # noqa: F401 (format_validation_error: config's readers use it from here)
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -87,12 +87,6 @@ ConfigLoader.add_implicit_resolver(
 ConfigLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
-def shorten(text: str, limit: int = 200) -> str:
-    """`text` cut to about `limit` characters, saying how long it was: messages stay readable
-    whatever a user's input holds."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
-
-
 def parse_yaml(text: str, what: str):
     """`text` read with ConfigLoader; a syntax error, an anchor or an alias names `what`, the line and
     column. Anchors and aliases are looked for in the parser's events (a pass that builds nothing)
@@ -116,26 +110,6 @@ def load_yaml_file(path: str | Path, what: str):
     """Parsed YAML of `path` (at most MAX_CONFIG_FILE_BYTES, read with ConfigLoader); a syntax error
     names the file, line and column."""
     return parse_yaml(read_text_file(path, what, MAX_CONFIG_FILE_BYTES), f"{what} {path}")
-
-
-MAX_ERRORS_SHOWN = 20  # one bad list can hold 100,000 bad items: the first few say what is wrong
-_OWN_MESSAGES = {"missing", "value_error", "assertion_error"}  # errors whose message already says what was given
-
-
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """Every problem of `err` on a line of its own (the first MAX_ERRORS_SHOWN), naming the setting,
-    what is wrong and, shortened, the value given."""
-    errors = err.errors()
-    lines = [f"invalid config {source}:"]
-    for e in errors[:MAX_ERRORS_SHOWN]:
-        field = shorten(".".join(str(p) for p in e["loc"]) or "(top level)", 120)
-        given = e.get("input")
-        shown = f" (got {shorten(repr(given), 60)})" if e["type"] not in _OWN_MESSAGES and isinstance(
-            given, (str, int, float, bool, type(None))) else ""
-        lines.append(f"  {field}: {shorten(e['msg'], 400)}{shown}")
-    if len(errors) > MAX_ERRORS_SHOWN:
-        lines.append(f"  ... and {len(errors) - MAX_ERRORS_SHOWN:,} more")
-    return "\n".join(lines)
 
 
 # ---- kinds of numbers, each checked the same way wherever it is read
@@ -237,13 +211,26 @@ def read_setting_text(text: str, annotation, what: str):
     return parse_yaml(text, what)
 
 
+JOB_CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "jobs"  # the shipped job configs, by name
+
+
+def resolve_job_config(name_or_path: str) -> str:
+    """A job config by name (`tiny-grpo`: mazerl/configs/jobs/tiny-grpo.yaml) or by path."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return str(path)
+    shipped = JOB_CONFIG_DIR / f"{name_or_path}.yaml"
+    if shipped.exists():
+        return str(shipped)
+    names = ", ".join(sorted(p.stem for p in JOB_CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"unknown config {name_or_path!r}: give a YAML file or one of the shipped configs ({names})")
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: dict | None = None) -> T:
     """`cls` from a YAML file (optional) with `overrides` (dotted keys allowed) applied on top."""
     data: dict = {}
     source = "(defaults)"
     if path is not None:
-        from .profiles import resolve_job_config
-
         path = Path(resolve_job_config(str(path)))
         source = str(path)
         data = load_yaml_file(path, "config file") or {}

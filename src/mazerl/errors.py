@@ -17,6 +17,10 @@ import tempfile
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -75,6 +79,32 @@ def describe_os_error(err: OSError) -> str:
     return f"cannot use {where}: {what}"
 
 
+def shorten(text: str, limit: int = 200) -> str:
+    """`text` cut to about `limit` characters, saying how long it was: messages stay readable
+    whatever a user's input holds."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+MAX_ERRORS_SHOWN = 20  # one bad list can hold 100,000 bad items: the first few say what is wrong
+_OWN_MESSAGES = {"missing", "value_error", "assertion_error"}  # errors whose message already says what was given
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """Every problem of `err` on a line of its own (the first MAX_ERRORS_SHOWN), naming the setting,
+    what is wrong and, shortened, the value given."""
+    errors = err.errors()
+    lines = [f"invalid config {source}:"]
+    for e in errors[:MAX_ERRORS_SHOWN]:
+        field = shorten(".".join(str(p) for p in e["loc"]) or "(top level)", 120)
+        given = e.get("input")
+        shown = f" (got {shorten(repr(given), 60)})" if e["type"] not in _OWN_MESSAGES and isinstance(
+            given, (str, int, float, bool, type(None))) else ""
+        lines.append(f"  {field}: {shorten(e['msg'], 400)}{shown}")
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"  ... and {len(errors) - MAX_ERRORS_SHOWN:,} more")
+    return "\n".join(lines)
+
+
 def user_message(err: BaseException) -> str | None:
     """The one-line (or few-line) message for an expected error, or None for an unexpected one."""
     from pydantic import ValidationError
@@ -82,8 +112,6 @@ def user_message(err: BaseException) -> str | None:
     if isinstance(err, UserError):
         return str(err)
     if isinstance(err, ValidationError):
-        from .config import format_validation_error
-
         return format_validation_error(err, "(input)")
     if isinstance(err, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"

@@ -22,19 +22,6 @@ from .config import ConfigError, format_validation_error, load_yaml_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the source checkout (images/, env/k8s/); absent in a wheel
 PROFILE_DIR = Path(__file__).resolve().parent / "configs" / "profiles"
-JOB_CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "jobs"
-
-
-def resolve_job_config(name_or_path: str) -> str:
-    """A job config by name (`tiny-grpo`: mazerl/configs/jobs/tiny-grpo.yaml) or by path."""
-    path = Path(name_or_path)
-    if path.exists() or path.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        return str(path)
-    shipped = JOB_CONFIG_DIR / f"{name_or_path}.yaml"
-    if shipped.exists():
-        return str(shipped)
-    names = ", ".join(sorted(p.stem for p in JOB_CONFIG_DIR.glob("*.yaml")))
-    raise ConfigError(f"unknown config {name_or_path!r}: give a YAML file or one of the shipped configs ({names})")
 
 
 # ---- Kubernetes and AWS names: one rule per kind of value, applied wherever that kind is read --------
