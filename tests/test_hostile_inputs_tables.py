@@ -234,7 +234,7 @@ ALLOWED = st.text(alphabet="abcXYZ019_-.", min_size=1, max_size=12)
 @given(stem=st.one_of(ALLOWED, st.text(alphabet="ab.-_ é/\\:*", min_size=1, max_size=8)))
 def test_a_split_named_by_its_file_follows_the_split_name_rule(stem, maze_rows, tmp_path_factory):
     """Whatever the file is called, the split it names is either allowed by the rule or refused."""
-    from mazerl.mazes.splits import check_split_name
+    from mazerl.mazes.dataset_io import check_split_name
 
     if "/" in stem or "\\" in stem or stem in (".", ".."):
         return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from ..atomic import atomic_path, resolve_path
-from .layout import Maze, MazeError
+from .layout import MAX_GRID_SIDE, Maze, MazeError
 from .render import RenderOptions
 
 SCHEMA = pa.schema(
@@ -56,8 +57,19 @@ SCHEMA = pa.schema(
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 # A user's own maze table needs only these; read_split derives the other columns from them.
 REQUIRED_COLUMNS = ("maze_id", "grid", "start", "goal")
-MAX_GRID_SIDE = 255  # 127x127 cells: the largest maze a table may hold
 RENDER_COLUMNS = ("square_px", "palette", "agent_marker", "goal_marker", "wall_style")
+
+
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_split_name(name: str) -> str:
+    """Split names become file names (NAME.parquet): letters, digits, '_', '-', '.', not starting with
+    '.' or '-', at most 64 characters; nothing that could point outside the dataset directory."""
+    if not isinstance(name, str) or not SPLIT_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"split name {name!r} is not allowed: use letters, digits, '_', '-' and '.' (not '..'), "
+                         "starting with a letter or digit, at most 64 characters")
+    return name
 
 
 def write_split(rows: list[dict], path: str | Path) -> None:
@@ -133,8 +145,6 @@ def _validated(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         raise MazeError(f"{path}: maze_id {first!r} appears more than once (rows {', '.join(map(str, rows[:5]))}); "
                         "maze ids must be unique within a split")
     if "split" not in given:
-        from .splits import check_split_name
-
         try:  # the split is named after the file: NAME.parquet
             check_split_name(path.stem)
         except ValueError as err:
@@ -178,8 +188,6 @@ def _validated(df: pd.DataFrame, path: Path) -> pd.DataFrame:
             if col in given and (not isinstance(rec[col], str) or not rec[col]):
                 raise MazeError(f"{where}: {col} must be a non-empty string, got {rec[col]!r}")
         if "split" in given:
-            from .splits import check_split_name
-
             try:
                 check_split_name(rec["split"])
             except ValueError as err:

@@ -23,6 +23,7 @@ MOVE_NAMES: tuple[str, ...] = tuple(MOVES)
 
 MIN_CELLS = 2
 MAX_CELLS = 63  # 127x127 grid; well past the "at least 31x31" requirement
+MAX_GRID_SIDE = 255  # 127x127 cells: the largest maze a table may hold
 
 # Named sizes in cells (rows, cols). VisGym's easy maze is a 9x9 grid, hard is 11x11.
 SIZE_PRESETS: dict[str, tuple[int, int]] = {"visgym-easy": (4, 4), "visgym-hard": (5, 5)}

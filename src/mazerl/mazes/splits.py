@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .. import __version__
 from ..atomic import atomic_directory, check_output_dir, child_path, refuse_inputs_inside, write_json
 from ..config import Seed, TurnBudget
-from .dataset_io import check_unique_mazes, content_hash, write_split
+from .dataset_io import check_split_name, check_unique_mazes, content_hash, write_split
 from .generators import GENERATORS
 from .hashing import layout_hash, walls_hash
 from .layout import Maze, MazeError, parse_size
@@ -38,18 +38,6 @@ MANIFEST = "manifest.json"
 FORMAT = "mazerl.mazes/v1"
 
 Size = Annotated[tuple[int, int], Field(description="(rows, cols) in cells")]
-
-
-SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-
-def check_split_name(name: str) -> str:
-    """Split names become file names (NAME.parquet): letters, digits, '_', '-', '.', not starting with
-    '.' or '-', at most 64 characters; nothing that could point outside the dataset directory."""
-    if not isinstance(name, str) or not SPLIT_NAME.fullmatch(name) or ".." in name:
-        raise ValueError(f"split name {name!r} is not allowed: use letters, digits, '_', '-' and '.' (not '..'), "
-                         "starting with a letter or digit, at most 64 characters")
-    return name
 
 
 class SplitSpec(BaseModel):

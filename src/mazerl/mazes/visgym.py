@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset_io import MAX_GRID_SIDE
-from .layout import Maze, MazeError
+from .layout import MAX_GRID_SIDE, Maze, MazeError
 
 VISGYM_MAX_TURNS = 18  # the instruct wrapper's turn limit in the reference run
 REFERENCE_NAME = "visgym_maze2d_reference.json"
