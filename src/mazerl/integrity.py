@@ -138,3 +138,22 @@ def verify_folder(folder: Path, manifest_name: str) -> dict[str, str]:
 def _some(names: list[str], shown: int = 5) -> str:
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
+
+
+MANIFEST = "manifest.json"  # a training checkpoint's and an uploaded model's manifest
+
+
+def verify(path: Path, hashes_checked: bool = False) -> str | None:
+    """None if the checkpoint at `path` is complete and intact (exactly the files its manifest lists,
+    each with its sha256), else what is wrong. `hashes_checked`: the files' sha256 were checked already
+    (by whoever just wrote or verified them): only that the folder holds exactly the listed files."""
+    if not (path / MANIFEST).exists():
+        return "no manifest (incomplete write)"
+    try:
+        if hashes_checked:
+            check_listing(path, read_manifest(path / MANIFEST), str(path / MANIFEST), MANIFEST)
+        else:
+            verify_folder(path, MANIFEST)
+    except ManifestError as err:
+        return str(err)
+    return None

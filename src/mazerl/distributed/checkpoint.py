@@ -4,7 +4,7 @@ Layout of `ROOT/step-00000010/`:
   dcp/             model and optimizer state, each rank writing its own shards (DCP's format)
   rank-00000.pt    per rank: LR scheduler state and torch RNG (weights_only loadable)
   state.json       step, world size, and the driver's state (data sampler, seeds)
-  manifest.json    sha256 of every file above, written last (rl/checkpoint.verify reads it)
+  manifest.json    sha256 of every file above, written last (integrity.verify reads it)
 Every rank writes into a temporary sibling and hashes the files it wrote (its DCP shard, its
 rank-R.pt), all ranks at once; rank 0 gathers the hashes, adds state.json's and DCP's metadata's,
 writes the manifest and renames the directory into place. No rank reads another's shard: at 8B the
@@ -35,8 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..atomic import write_json
-from ..integrity import folder_files, hash_files
-from ..rl.checkpoint import MANIFEST, CheckpointMismatchError, verify
+from ..integrity import MANIFEST, folder_files, hash_files, verify
+from ..rl.checkpoint import CheckpointMismatchError
 
 STATE = "state.json"
 

@@ -25,27 +25,10 @@ import torch
 
 from ..atomic import atomic_directory, write_json, write_text
 from ..errors import UserError
-from ..integrity import ManifestError, check_listing, manifest_of, read_manifest, sha256_file, verify_folder  # noqa: F401 (sha256_file re-exported)
+from ..integrity import MANIFEST, manifest_of, sha256_file, verify  # noqa: F401 (sha256_file re-exported)
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step-([0-9]{8})")
-MANIFEST = "manifest.json"
-
-
-def verify(path: Path, hashes_checked: bool = False) -> str | None:
-    """None if the checkpoint at `path` is complete and intact (exactly the files its manifest lists,
-    each with its sha256), else what is wrong. `hashes_checked`: the files' sha256 were checked already
-    (by whoever just wrote or verified them): only that the folder holds exactly the listed files."""
-    if not (path / MANIFEST).exists():
-        return "no manifest (incomplete write)"
-    try:
-        if hashes_checked:
-            check_listing(path, read_manifest(path / MANIFEST), str(path / MANIFEST), MANIFEST)
-        else:
-            verify_folder(path, MANIFEST)
-    except ManifestError as err:
-        return str(err)
-    return None
 
 
 # Rust's std::io errors (safetensors) end in "(os error N)"; torch's own file writer loses the errno.

@@ -31,7 +31,8 @@ from ..metrics import MetricsWriter
 from ..policy.trainable import in_dtype, open_policy, serving_weights
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from ..storage import CheckpointMirror
-from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state, verify
+from ..integrity import verify
+from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state
 from .common import greedy_success, refuse_inputs_in_run_files, rng_state, seed_everything, set_rng_state, training_inputs
 from .config import GRPOConfig
 from .data import MazeSampler
