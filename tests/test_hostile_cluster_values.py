@@ -359,7 +359,7 @@ SETTINGS_AND_VALUES = [
 def test_overrides_reach_the_pod_as_the_job_config_they_mean_here(overrides):
     """Round trip: the config the driver pod reads from the rendered command equals the config the same
     overrides give in this process; overrides that config refuses are refused before rendering."""
-    from mazerl.cluster.rayjob import sizing_overrides
+    from mazerl.cluster.plan import sizing_overrides
 
     profile = load_profile("hyperpod-p5")
     try:

@@ -685,17 +685,25 @@ def checkpoint(job: Job) -> tuple[int, float]:
 
 
 # ---- the plan of a job config on a profile ---------------------------------------------------------------------
+def sizing_overrides(profile) -> dict[str, object]:
+    """The training config's distributed settings the profile's RayJob shape implies: one rank and one
+    colocated vLLM engine per GPU."""
+    r = profile.rayjob
+    ranks = r.workers * r.gpus_per_worker
+    return {"distributed.backend": "ray", "distributed.ranks": ranks, "distributed.rollout_workers": ranks,
+            "distributed.placement": "colocated", "distributed.gpus_per_rank": 1,
+            "distributed.cpus_per_actor": max(1, r.cpus_per_worker // (2 * r.gpus_per_worker)),
+            "policy.engine": "vllm", "policy.device": "cuda"}
+
+
 def job_config_for_profile(profile, config: str | None = None, overrides: dict | None = None):
     """The GRPO config as the profile's training step runs it: the profile's pipeline.grpo_config and base model
     (or `config` as given), the RayJob's sizing (backend rayjob, as build_rayjob sets it), then `overrides`."""
-    from ..config import load_config
-    from ..profiles import resolve_job_config
+    from ..config import load_config, resolve_job_config
     from ..rl.config import GRPOConfig
 
     implied: dict[str, object] = {} if config is not None else {"policy.model": profile.pipeline.model}
     if profile.backend == "rayjob" and profile.rayjob is not None:
-        from .rayjob import sizing_overrides
-
         implied.update(sizing_overrides(profile))
     elif profile.backend == "ray":
         implied["distributed.backend"] = "ray"

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from ..config import ConfigError
+from ..config import ConfigError, resolve_job_config
 from ..errors import UserError
-from ..profiles import Profile, check_label_value, resolve_job_config
+from ..profiles import Profile, check_label_value
+from .plan import check_plan, sizing_overrides
 
 API_VERSION = "ray.io/v1"
 KIND = "RayJob"
@@ -185,17 +186,6 @@ def check_placement(profile: Profile, cfg) -> None:
                                   f"hold at most {per_worker * r.workers + per_head} ({nodes}): {hint}")
 
 
-def sizing_overrides(profile: Profile) -> dict[str, object]:
-    """The training config's distributed settings the profile's RayJob shape implies: one rank and one
-    colocated vLLM engine per GPU."""
-    r = profile.rayjob
-    ranks = r.workers * r.gpus_per_worker
-    return {"distributed.backend": "ray", "distributed.ranks": ranks, "distributed.rollout_workers": ranks,
-            "distributed.placement": "colocated", "distributed.gpus_per_rank": 1,
-            "distributed.cpus_per_actor": max(1, r.cpus_per_worker // (2 * r.gpus_per_worker)),
-            "policy.engine": "vllm", "policy.device": "cuda"}
-
-
 # The train task's pod, from the downward API (pipeline/dag.py sets these on it): the RayJob's owner
 POD_ENV_FIELDS = {"MAZERL_POD_NAME": "metadata.name", "MAZERL_POD_UID": "metadata.uid",
                   "MAZERL_POD_NAMESPACE": "metadata.namespace"}
@@ -250,8 +240,6 @@ def build_rayjob(profile: Profile, config: str, run_id: str, task: str = "train-
         raise RayJobSpecError(f"the RayJob's driver would refuse its job config (--config {config} with the profile's "
                               f"sizing and the overrides); nothing was rendered: {err}") from None
     check_placement(profile, job)
-    from .plan import check_plan
-
     check_plan(profile, job)  # per-GPU memory and vLLM's per-prompt limits (a PlanError names what does not fit)
     if profile.kueue is not None:
         labels["kueue.x-k8s.io/queue-name"] = profile.kueue.queue_name
