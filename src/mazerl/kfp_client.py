@@ -20,7 +20,6 @@ import kfp
 import kfp_server_api
 import urllib3
 
-from .kfp_remote import DEFAULT_TIMEOUT_S
 
 # A refused connection is tried once more; a request that got no answer is not sent again (it would
 # multiply the wait, and a POST may already have been applied); redirects are followed, so that a
@@ -130,7 +129,7 @@ def shape_problem(value: Any, type_name: str, where: str = "the answer") -> str 
 class GuardedApiClient(kfp_server_api.ApiClient):
     """kfp_server_api's ApiClient with a timeout on every request and every answer checked."""
 
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float  # set by guard(): every answer's longest wait
 
     def request(self, method, url, *args, _request_timeout=None, **kwargs):
         # (connect, read) seconds: kfp_server_api ignores a lone float
