@@ -19,9 +19,8 @@ from pathlib import Path
 
 from .atomic import atomic_directory
 from .errors import UserError
+from .integrity import MANIFEST, check_file_list, check_folder, manifest_of, parse_manifest, verify
 from .profiles import check_bucket_name
-from .integrity import check_file_list, check_folder, manifest_of, parse_manifest
-from .rl.checkpoint import MANIFEST, verify
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"step-([0-9]{8})")  # fullmatch: a name with anything after the digits is not a checkpoint
