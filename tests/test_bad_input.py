@@ -134,7 +134,7 @@ def test_compare_refuses_different_view_settings(small_mazes, tiny_model_dir, tm
     assert_clear_error(result, "saw the mazes differently", "render_scale")
 
 
-def test_a_model_without_saved_view_says_what_was_assumed(small_mazes, tiny_model_dir, tmp_path):
+def test_a_model_without_saved_view_needs_a_named_view(small_mazes, tiny_model_dir, tmp_path):
     model = tmp_path / "bare"
     model.mkdir()
     for f in tiny_model_dir.iterdir():
@@ -143,8 +143,7 @@ def test_a_model_without_saved_view_says_what_was_assumed(small_mazes, tiny_mode
     data = tmp_path / "few.parquet"
     write_split(records(read_split(small_mazes / "heldout.parquet"))[:1], data)
     result = run("eval", "--model", model, "--data", data, "--out", tmp_path / "e")
-    assert result.exit_code == 0, result.output
-    assert "no mazerl_policy.json; assumed view settings" in " ".join(result.output.split())
+    assert_clear_error(result, "has no mazerl_policy.json", "--view NAME", "visgym", "mazerl")  # never silent defaults
 
 
 def test_a_bad_saved_view_is_named(small_mazes, tiny_model_dir, tmp_path):

@@ -181,6 +181,11 @@ def test_a_bad_checkpoint_uri_is_refused_in_the_config():
                                    "checkpoint_uri": "s3://UPPER/x"})
 
 
+# compare's result as promote needs it (a decision and a split's figures: the model card is rendered from it)
+COMPARISON = {"decision": {"success_diff": 0.2, "p_value": 0.003, "improved": True},
+              "splits": {"heldout": {"mazes": 500, "success_base": 0.44, "success_new": 0.64, "mcnemar_p": 0.003}}}
+
+
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_the_promotion_registry_works_on_s3_and_on_local_or_fsx_paths(s3, tmp_path, where, monkeypatch):
     """promote() keeps the model where the registry is (a task's output folder is pod-local on a
@@ -194,7 +199,7 @@ def test_the_promotion_registry_works_on_s3_and_on_local_or_fsx_paths(s3, tmp_pa
     (model / "model.safetensors").write_bytes(b"weights")
     root = str(tmp_path / "registry") if where == "local" else f"s3://{BUCKET}/registry"
     assert read_registry(root) is None
-    entry = promote(str(model), root, {"decision": "promote"}, "hash1", "run-1")
+    entry = promote(str(model), root, COMPARISON, "hash1", "run-1")
     assert read_registry(root)["model"] == entry["model"]
     if where == "s3":
         assert entry["model"] == f"s3://{BUCKET}/registry/models/run-1"
@@ -213,7 +218,7 @@ def test_the_promotion_registry_works_on_s3_and_on_local_or_fsx_paths(s3, tmp_pa
     else:
         start = Path(named)
     assert (start / "model.safetensors").read_bytes() == b"weights" and (start / "config.json").exists()
-    second = promote(str(start), root, {"decision": "promote"}, "hash1", "run-2")
+    second = promote(str(start), root, COMPARISON, "hash1", "run-2")
     assert read_registry(root)["history"][0]["run_id"] == "run-1" and second["run_id"] == "run-2"
 
 
@@ -227,7 +232,7 @@ def test_a_model_named_by_s3_address_is_fetched_once_checked_and_staged_for_rayj
     model.mkdir()
     (model / "config.json").write_text('{"a": 1}')
     (model / "model.safetensors").write_bytes(b"weights")
-    uri = promote(str(model), f"s3://{BUCKET}/registry", {"decision": "promote"}, "hash1", "run-9")["model"]
+    uri = promote(str(model), f"s3://{BUCKET}/registry", COMPARISON, "hash1", "run-9")["model"]
     local = Path(resolve_model_name(uri))
     assert (local / "model.safetensors").read_bytes() == b"weights"
     (local / "model.safetensors").write_bytes(b"kept")  # a second load reuses the copy instead of downloading again
@@ -249,7 +254,7 @@ def test_rayjob_staging_puts_a_promoted_s3_model_on_fsx_for_every_pod(s3, small_
     model.mkdir()
     (model / "config.json").write_text('{"a": 1}')
     (model / "model.safetensors").write_bytes(b"weights")
-    uri = promote(str(model), f"s3://{BUCKET}/registry", {"decision": "promote"}, "hash1", "run-1")["model"]
+    uri = promote(str(model), f"s3://{BUCKET}/registry", COMPARISON, "hash1", "run-1")["model"]
     base = load_profile("hyperpod-p5")
     profile = base.model_copy(update={"storage": base.storage.model_copy(update={"fsx_mount_path": str(tmp_path / "fsx")})})
     run, config = stage_run(profile, "run-2", uri, str(small_mazes), "tiny-grpo", {})

@@ -260,6 +260,26 @@ def mazes_show(
         console.print(f"wrote {png}")
 
 
+@mazes_app.command("export")
+def mazes_export(
+    splits: Annotated[list[Path], typer.Argument(help="split .parquet file(s), or a dataset directory (all its splits)")],
+    out: Annotated[Path, typer.Option("--out", help="output directory (created; must be empty or absent)")],
+    fmt: Annotated[str, typer.Option("--format", help="what reads the rows: skyrl (SkyRL's dataset rows, "
+                                                       "env_class mazerl-maze)")],
+    prompt: Annotated[str, typer.Option(help="system prompt in each row: full | short (the tiny model's)")] = "full",
+    overwrite: Annotated[bool, typer.Option(help="replace a non-empty --out")] = False,
+) -> None:
+    """Write the mazes as another framework's dataset rows: one parquet file per split in --out."""
+    from .mazes.export import export_splits
+
+    try:
+        written = export_splits(splits, out, fmt, overwrite=overwrite, prompt=prompt)
+    except FileExistsError as err:
+        _fail(str(err))
+    _print_rows(f"{fmt} rows in {out}", [["split", "rows", "file", "from"]] + [
+        [w.split, str(w.rows), str(w.file), str(w.source)] for w in written])
+
+
 @policy_app.command("init-tiny")
 def policy_init_tiny(
     out: Annotated[Path, typer.Option("--out", help="model directory to create")],
@@ -433,6 +453,9 @@ def eval_cmd(
     temperature: Annotated[float, typer.Option(help="sampling temperature for --samples")] = 1.0,
     max_turns: Annotated[Optional[int], typer.Option(help="override every split's own turn budget")] = None,
     training_log: Annotated[Optional[Path], typer.Option(help="metrics.jsonl of the training run: adds its curve to the report")] = None,
+    view_name: Annotated[Optional[str], typer.Option(
+        "--view", help="named view (visgym | mazerl): how a model without mazerl_policy.json is shown the mazes; "
+        "given for a model that has one, it wins over the file")] = None,
     render_scale: Annotated[Optional[float], typer.Option(help="override the model's saved view")] = None,
     history_turns: Annotated[Optional[int], typer.Option(help="override the model's saved view")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help="override the model's saved view")] = None,
@@ -454,27 +477,28 @@ def eval_cmd(
     if policy not in ("model", "oracle", "random"):
         _fail(f"unknown --policy {policy!r}: allowed model, oracle, random")
     if policy != "model":
-        given = [f for f, v in (("--model", model), ("--render-scale", render_scale), ("--history-turns", history_turns),
-                                ("--max-new-tokens", max_new_tokens)) if v is not None]
+        given = [f for f, v in (("--model", model), ("--view", view_name), ("--render-scale", render_scale),
+                                ("--history-turns", history_turns), ("--max-new-tokens", max_new_tokens)) if v is not None]
         if given:
             _fail(f"{', '.join(given)}: used only with --policy model; the {policy} agent plays without a model")
-    view = None
+    chosen = None
     if policy == "model":
         if model is None:
             _fail("--policy model needs --model PATH")
-        from .policy.loading import resolve_model_name
+        from .policy.views import choose_view
 
-        resolved = resolve_model_name(model)
+        # a named --view, else the model's mazerl_policy.json, else an error listing the views (no silent defaults)
+        chosen = choose_view(model, view_name)
+        if chosen.replaced is not None:
+            err_console.print(f"[yellow]notice:[/] --view {chosen.name} replaces the model's own {PolicyConfig.VIEW_FILE} "
+                              + _escape(str(chosen.replaced)), soft_wrap=True, highlight=False)
         hist = {"turns": history_turns, "images": 1} if history_turns is not None else None
-        saved = PolicyConfig.saved_view(resolved)
+        options = {"render_scale": render_scale, "history": hist, "max_new_tokens": max_new_tokens}
         try:
-            view = PolicyConfig.for_model(model, render_scale=render_scale, history=hist, max_new_tokens=max_new_tokens)
+            view_cfg = PolicyConfig.for_model(model, **{**chosen.settings, **{k: v for k, v in options.items() if v is not None}})
         except ValidationError as err:
             _fail(format_validation_error(err, "(command-line options)"))
-        if saved is None and Path(resolved).is_dir():
-            assumed = ", ".join(f"{k} {v}" for k, v in view.view().items())
-            err_console.print(f"[yellow]notice:[/] {resolved} has no {PolicyConfig.VIEW_FILE}; assumed view settings: "
-                              + _escape(assumed), soft_wrap=True, highlight=False)
+    view = view_cfg if chosen is not None else None
     if engine not in ("hf", "vllm"):
         _fail(f"unknown --engine {engine!r}: allowed hf, vllm")
     if view is not None and engine != view.engine:
@@ -484,7 +508,8 @@ def eval_cmd(
         check_engine_available(view)
     try:
         cfg = EvalConfig(policy=policy, model=view, data=[str(d) for d in data], out=str(out), samples=samples,
-                         temperature=temperature, max_turns=max_turns, seed=seed, overwrite=overwrite)
+                         temperature=temperature, max_turns=max_turns, seed=seed, overwrite=overwrite,
+                         view_choice=chosen.record(view.view()) if chosen is not None and view is not None else None)
     except ValidationError as err:
         _fail(format_validation_error(err, "(command-line options)"))
     with _progress() as bar:

@@ -234,18 +234,23 @@ def read_json(address: str, client=None) -> dict | None:
 
 def write_json(address: str, data: dict, client=None) -> None:
     """Write a small JSON document atomically: a local temp file + rename, or one S3 PUT (atomic there)."""
-    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
-    if not is_s3(address):
-        from .atomic import write_text
+    write_text(address, json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n",
+               content_type="application/json", client=client)
 
-        write_text(Path(address), text + "\n")
+
+def write_text(address: str, text: str, content_type: str = "text/plain", client=None) -> None:
+    """Write a small text file atomically: a local temp file + rename, or one S3 PUT (atomic there)."""
+    if not is_s3(address):
+        from .atomic import write_text as write_local
+
+        write_local(Path(address), text)
         return
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split_s3(address)
     client = client or s3_client()
     try:
-        client.put_object(Bucket=bucket, Key=key, Body=text.encode(), ContentType="application/json")
+        client.put_object(Bucket=bucket, Key=key, Body=text.encode(), ContentType=content_type)
     except (ClientError, BotoCoreError) as err:
         raise s3_failure(err, "write", address) from None
 

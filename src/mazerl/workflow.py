@@ -129,6 +129,36 @@ def _job_overrides(model: str, data_dir: str, out_dir: str, extra: dict) -> dict
             "eval_data": str(Path(data_dir) / "heldout.parquet"), "output_dir": out_dir, **extra}
 
 
+# The pipeline's `model_view` parameter: '' = the model's own mazerl_policy.json; else a named view
+# (policy.views), for a starting model trained elsewhere, which carries none.
+MODEL_VIEW_PARAMETER = "model_view"
+
+
+def check_model_view(model_view: str | None) -> None:
+    """A bad `model_view` is a ViewError listing the views, before anything runs."""
+    if model_view:
+        from .policy.views import named_view
+
+        named_view(model_view)
+
+
+def named_view_overrides(config: str, model_view: str | None, extra: dict | None = None) -> dict:
+    """Job-config overrides that put the named view `model_view` where the starting model's own
+    mazerl_policy.json would be: it sets the view fields the job config (and `extra`) leave unset, so the
+    job's explicit settings still win, and the model's saved view is not read for them. '' = none."""
+    if not model_view:
+        return {}
+    from .config import load_yaml_file, resolve_job_config
+    from .policy.views import named_view
+
+    settings = named_view(model_view).settings
+    data = load_yaml_file(Path(resolve_job_config(config)), "config file") if config else {}
+    policy = (data or {}).get("policy") if isinstance(data, dict) else None
+    policy = policy if isinstance(policy, dict) else {}
+    given = set(policy) | {k.removeprefix("policy.") for k in (extra or {}) if k.startswith("policy.")}
+    return {f"policy.{k}": v for k, v in settings.items() if k not in given}
+
+
 def cluster_run_dir(profile_json: str, run_id: str) -> Path | None:
     """On a cluster profile, the run's directory on FSx (`<fsx>/mazerl/runs/<run id>`), where a step
     that hands a model to later steps writes it: a task's artifact folder is local to its pod (KFP
@@ -145,13 +175,15 @@ def cluster_run_dir(profile_json: str, run_id: str) -> Path | None:
 
 
 def warm_start(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None,
-               profile_json: str = "", run_id: str = "") -> str:
+               profile_json: str = "", run_id: str = "", model_view: str = "") -> str:
+    """`model_view`: a named view for a starting model without mazerl_policy.json (named_view_overrides)."""
     from .rl.config import SFTConfig
     from .rl.sft import train_sft
 
     run_dir = cluster_run_dir(profile_json, run_id)
     work_dir = run_dir / "warm-start" if run_dir else Path(out_dir)
-    cfg = load_config(SFTConfig, config, _job_overrides(model, data_dir, str(work_dir), extra or {}))
+    extra = {**named_view_overrides(config, model_view, extra), **(extra or {})}
+    cfg = load_config(SFTConfig, config, _job_overrides(model, data_dir, str(work_dir), extra))
     with Progress("warm-start", cfg.steps, "step", deadline_s=cfg.max_minutes * 60 if cfg.max_minutes else None) as bar:
         train_sft(cfg, lambda step, r: bar.update(step, loss=r.get("loss"), accuracy=r.get("move_accuracy")), overwrite=True)
     if run_dir:
@@ -192,11 +224,14 @@ def cleanup_launched(backend: str, profile_json: str = "", run_id: str = "") -> 
 
 
 def train_grpo(model: str, data_dir: str, config: str, out_dir: str, extra: dict | None = None,
-               backend: str = "local", profile_json: str = "", run_id: str = "") -> tuple[str, dict]:
+               backend: str = "local", profile_json: str = "", run_id: str = "", model_view: str = "") -> tuple[str, dict]:
+    """`model_view`: a named view for a starting model without mazerl_policy.json (named_view_overrides);
+    the trained model saves the resulting view beside its weights."""
     from .rl.config import GRPOConfig
     from .rl.trainer import GRPOTrainer
 
     check_backend(backend)
+    extra = {**named_view_overrides(config, model_view, extra), **(extra or {})}
     if backend == "rayjob":
         from .cluster.train_step import train_on_rayjob
 
@@ -250,25 +285,28 @@ def evaluation_limits(data_dir: str, splits: list[str], heldout: int, other: int
     return limits
 
 
-def job_view(config: str, model: str, data_dir: str) -> dict:
+def job_view(config: str, model: str, data_dir: str, model_view: str = "") -> dict:
     """How the training job `config` shows mazes to `model` (prompt, history, new tokens a turn, reply
-    grammar, image scale): the config's settings, the rest from the model's saved view, exactly as
-    train_grpo builds its policy. The trained model saves the same view beside its weights."""
+    grammar, image scale): the config's settings, the rest from the model's saved view (or the named view
+    `model_view`), exactly as train_grpo builds its policy. The trained model saves the same view beside its weights."""
     from .rl.config import GRPOConfig
 
     # the job's data and model as train_grpo sets them; its output folder is required but never used here
-    overrides = _job_overrides(model, data_dir, str(Path(data_dir) / "unused-output"), {})
+    overrides = _job_overrides(model, data_dir, str(Path(data_dir) / "unused-output"),
+                               named_view_overrides(config, model_view))
     return load_config(GRPOConfig, config, overrides).policy.view()
 
 
 def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_mazes: int,
              training_log: str | None = None, reference_mazes: int = 0, label: str = "evaluate",
-             config: str = "", engine: str = "hf") -> dict:
+             config: str = "", engine: str = "hf", model_view: str = "") -> dict:
     """Greedy evaluation of every frozen split: `heldout_mazes` of heldout, `other_mazes` of each other
     generated split, and the VisGym reference splits in full (all their mazes) unless `reference_mazes` > 0.
     `config`: the GRPO job config; the model is shown the mazes as that job shows them (`job_view`), so
     the baseline (e.g. a hub model, which has no saved view) and the trained model are evaluated alike
-    and can be compared. '' = the model's own saved view (defaults where it has none).
+    and can be compared. '' = the model's own saved view; a model without one needs `model_view`.
+    `model_view`: a named view (policy.views) for a model without mazerl_policy.json; with `config`, it takes
+    the place of the model's saved view beneath the job's settings; without, it is the view ('' = none).
     `engine`: hf (transformers generate) or vllm (the profile's eval_engine; its per-prompt limits are
     derived from the splits played, and vLLM must be importable here)."""
     from .evaluation.runner import EvalConfig
@@ -277,6 +315,7 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
 
     if engine not in ("hf", "vllm"):
         raise ConfigError(f"evaluation engine {engine!r} is not one mazerl has: allowed hf, vllm")
+    check_model_view(model_view)
     if engine == "vllm":  # before anything is read or loaded
         from .rollout.vllm_engine import require_vllm
 
@@ -292,11 +331,19 @@ def evaluate(model: str, data_dir: str, out_dir: str, heldout_mazes: int, other_
     if device:
         print(f"evaluating on {torch.cuda.get_device_name(0)} in bfloat16 with the {engine} engine (CPU evaluation "
               "uses float32)")
-    view = job_view(config, model, data_dir) if config else {}
+    if config:
+        view = job_view(config, model, data_dir, model_view)
+        choice = {"name": model_view or "job", "source": f"job config {config}" + (
+            f" over named view {model_view}" if model_view else " over the model's saved view")}
+    else:
+        from .policy.views import choose_view
+
+        chosen = choose_view(model, model_view or None, option=f"the pipeline parameter {MODEL_VIEW_PARAMETER}")
+        view, choice = chosen.settings, {"name": chosen.name, "source": chosen.source}
     policy = PolicyConfig.for_model(model, **view, **device, engine=engine)
-    if view:
-        print(f"{label}: the view of job {config}: {json.dumps(policy.view(), sort_keys=True)}", flush=True)
-    cfg = EvalConfig(policy="model", model=policy, data=data, out=out_dir, limits=limits, overwrite=True)
+    print(f"{label}: view {choice['name']} ({choice['source']}): {json.dumps(policy.view(), sort_keys=True)}", flush=True)
+    cfg = EvalConfig(policy="model", model=policy, data=data, out=out_dir, limits=limits, overwrite=True,
+                     view_choice=choice)
     if training_log and not Path(training_log).exists():
         raise ConfigError(f"training log not found: {training_log}")
     with Progress(label, None, "mazes") as bar:
@@ -374,27 +421,69 @@ def read_comparison(result_dir: str) -> dict:
     return comparison
 
 
+def run_facts(run_id: str, registry_root: str, eval_splits_hash: str, profile_json: str = "", run: dict | None = None,
+              previous: dict | None = None) -> dict:
+    """What a promoted model's card records of the run that trained it. `run` (from the pipeline's promote
+    step): `parameters` (the run's pipeline parameters), `base_model` (the model it started from),
+    `train_seed` (the seed it drew) and `data_dir` (the generated dataset, whose manifest holds the hashes)."""
+    from .model_card import code_version
+
+    run = run or {}
+    profile = _profile(profile_json) if profile_json else None
+    facts: dict = {"run_id": run_id, "registry_root": registry_root, "eval_splits_hash": eval_splits_hash,
+                   "parameters": dict(run.get("parameters") or {}), "base_model": run.get("base_model") or None,
+                   "train_seed": run.get("train_seed"), "code_version": code_version(),
+                   "profile": {"name": profile.name, "kind": profile.kind} if profile else {},
+                   "image": profile.images.runtime if profile and profile.kind != "local" else None}
+    # the registry's model then: a reproduction names it, as the registry will have moved on
+    facts["started_from_promoted"] = bool(previous and facts["base_model"] and previous.get("model") == facts["base_model"])
+    if run.get("data_dir"):
+        from .mazes.splits import read_manifest
+
+        manifest = read_manifest(run["data_dir"]) or {}
+        splits = manifest.get("splits") or {}
+        facts["dataset"] = {"train_hash": (splits.get("train") or {}).get("content_hash"),
+                            "split_hashes": {name: info.get("content_hash") for name, info in splits.items()}}
+        if facts["train_seed"] is None:
+            facts["train_seed"] = manifest.get("train_seed")
+    return facts
+
+
 def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_hash: str, run_id: str,
-            profile_json: str = "") -> dict:
+            profile_json: str = "", run: dict | None = None) -> dict:
     """Record the promoted model in the registry pointer (atomic; the previous one is kept in history),
-    and register it in SageMaker's Model Registry when the profile names a model package group."""
+    with its card (README.md, `model_card`) in the model's directory, and register it in SageMaker's
+    Model Registry, card included, when the profile names a model package group. `run`: the run's facts
+    for the card (`run_facts`). The card is rendered before anything is written: a missing comparison
+    is a ModelCardError and leaves the registry as it was."""
+    from .model_card import CARD_FILE, render_card, sagemaker_card_content
+
     if not Path(model_dir).exists():
         raise ConfigError(f"cannot promote {model_dir}: it does not exist")
     previous = read_registry(registry_root)
     # the model goes where the registry is, so the pointer outlives the task that wrote it (a task's
     # output folder is pod-local on a cluster): s3://.../models/<run> (manifest last), or a copy on FSx
     durable = _join(registry_root, "models", re.sub(r"[^A-Za-z0-9._-]", "-", run_id) or "run")
-    if registry_root.startswith("s3://"):
-        from .storage import put_tree
+    promoted_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    facts = run_facts(run_id, registry_root, eval_splits_hash, profile_json, run, previous)
+    on_s3 = registry_root.startswith("s3://")
+    facts.update(model=durable if on_s3 else str(Path(durable).resolve()), promoted_at=promoted_at)
+    card = render_card(comparison, facts)
+    if on_s3:
+        from .storage import put_tree, write_text
 
         put_tree(Path(model_dir), durable)
+        card_address = _join(durable, CARD_FILE)
+        write_text(card_address, card, content_type="text/markdown")  # one PUT: there whole or not at all
     else:
         from .atomic import atomic_directory
 
         with atomic_directory(Path(durable), overwrite=True) as tmp:
             shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
+            (tmp / CARD_FILE).write_text(card, encoding="utf-8")  # inside the folder that appears whole, or not at all
         durable = str(Path(durable).resolve())
-    entry = {"model": durable, "run_id": run_id, "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        card_address = str(Path(durable) / CARD_FILE)
+    entry = {"model": durable, "run_id": run_id, "promoted_at": promoted_at, "model_card": card_address,
              "eval_splits_hash": eval_splits_hash, "decision": comparison.get("decision"),
              "history": ([{k: v for k, v in previous.items() if k != "history"}] + previous.get("history", [])) if previous else []}
     from .storage import write_json as write_document
@@ -411,8 +500,9 @@ def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_ha
                      for key in ("mazes", "success_base", "success_new", "mcnemar_p", "loop_rate_new") if key in fig}
         entry["model_package_arn"] = register_model(
             sm.model_package_group, durable, sm.serving_image,
-            {**decision, "run_id": run_id, "eval_splits_hash": eval_splits_hash, **per_split},
-            f"mazerl GRPO run {run_id}", approval=sm.approval_status,
-            metrics_uri=metrics_uri if metrics_uri.startswith("s3://") else None)
+            {**decision, "run_id": run_id, "eval_splits_hash": eval_splits_hash, "model_card": card_address, **per_split},
+            f"mazerl GRPO run {run_id}; model card: {card_address}", approval=sm.approval_status,
+            metrics_uri=metrics_uri if metrics_uri.startswith("s3://") else None,
+            model_card=sagemaker_card_content(comparison, facts, card_address))
     write_document(_join(registry_root, REGISTRY_FILE), entry)
     return entry

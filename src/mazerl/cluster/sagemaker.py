@@ -65,11 +65,13 @@ def preflight(cluster_name: str, instance_type: str, nodes_needed: int, client=N
 
 
 def register_model(group: str, model_uri: str, image: str, metrics: dict[str, float | str], description: str,
-                   approval: str = "PendingManualApproval", metrics_uri: str | None = None, client=None) -> str:
+                   approval: str = "PendingManualApproval", metrics_uri: str | None = None, client=None,
+                   model_card: str | None = None, card_status: str = "Draft") -> str:
     """A new model package version in `group` (created if missing) for the model files under
     `model_uri` (an s3:// prefix, uncompressed), served by `image`; `metrics` go in as customer
-    metadata, `metrics_uri` (the comparison JSON on S3) as its model-quality statistics. Returns
-    the model package ARN."""
+    metadata, `metrics_uri` (the comparison JSON on S3) as its model-quality statistics, `model_card`
+    (JSON in the model package model card schema: model_card.sagemaker_card_content) as the package's
+    model card with status `card_status`. Returns the model package ARN."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     if not model_uri.startswith("s3://"):
@@ -97,6 +99,8 @@ def register_model(group: str, model_uri: str, image: str, metrics: dict[str, fl
             # 50 entries at most, values strings of <= 256 characters
             "CustomerMetadataProperties": {str(k)[:128]: str(v)[:256] for k, v in list(metrics.items())[:50]},
         }
+        if model_card:
+            request["ModelCard"] = {"ModelCardContent": model_card, "ModelCardStatus": card_status}
         if metrics_uri:
             request["ModelMetrics"] = {"ModelQuality": {"Statistics": {"ContentType": "application/json", "S3Uri": metrics_uri}}}
         return client.create_model_package(**request)["ModelPackageArn"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 from pathlib import Path
 
 import matplotlib
@@ -220,8 +221,12 @@ def write_eval_report(eval_dir: str | Path, summary: dict, episodes: pd.DataFram
     table = eval_tables(summary)
     meta = summary.get("meta", {})
     title = f"mazerl evaluation: {meta.get('policy', '')} {meta.get('model') or ''}".strip()
+    view_line = view_text(meta)
     parts = [f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>", _html_table(table)]
+             f"<h1>{html.escape(title)}</h1>"]
+    if view_line:
+        parts.append(f"<p class='view'>{html.escape(view_line)}</p>")
+    parts.append(_html_table(table))
     parts += [f"<h2>{html.escape(name)}</h2><img src='{_b64(png)}'>" for name, png in figures]
     if strips:
         parts.append("<h2>episodes</h2>")
@@ -229,7 +234,7 @@ def write_eval_report(eval_dir: str | Path, summary: dict, episodes: pd.DataFram
     parts.append("</body></html>")
     html_path = eval_dir / "report.html"
     write_text(html_path, "\n".join(parts))
-    md = [f"# {title}", "", _md_table(table), ""]
+    md = [f"# {title}", ""] + ([view_line, ""] if view_line else []) + [_md_table(table), ""]
     for i, (name, png) in enumerate(figures + strips):
         rel = f"report_files/figure{i:02d}.png"
         write_bytes(eval_dir / rel, png)
@@ -237,6 +242,18 @@ def write_eval_report(eval_dir: str | Path, summary: dict, episodes: pd.DataFram
     md_path = eval_dir / "report.md"
     write_text(md_path, "\n".join(md))
     return html_path, md_path
+
+
+def view_text(meta: dict) -> str | None:
+    """One line saying how the model was shown the mazes: the view's name, where it came from, its settings."""
+    choice, settings = meta.get("view_choice"), meta.get("view")
+    if not choice or settings is None:
+        return None
+    shown = ", ".join(f"{k} {json.dumps(v, sort_keys=True)}" for k, v in sorted(settings.items()))
+    line = f"View: {choice.get('name')} ({choice.get('source')}; hash {choice.get('hash')}): {shown}"
+    if choice.get("replaced_saved_view") is not None:
+        line += f"; replaces the model's saved view {json.dumps(choice['replaced_saved_view'], sort_keys=True)}"
+    return line
 
 
 def compare_tables(cmp: dict) -> list[list[str]]:

@@ -46,6 +46,8 @@ class EvalConfig(BaseModel):
     env: EnvConfig = EnvConfig()
     limits: dict[str, int] = Field(default_factory=dict, description="split name -> evaluate only its first N mazes")
     overwrite: bool = False
+    view_choice: dict | None = Field(None, description="how the model's view was chosen (policy.views.ChosenView.record): "
+                                     "name, source, hash; recorded in summary.json and the report")
 
     @model_validator(mode="after")
     def _check(self):
@@ -159,12 +161,27 @@ def evaluate(cfg: EvalConfig, progress=None, metrics_log: str | Path | None = No
         "engine": cfg.model.engine if cfg.model else None, "dtype": cfg.model.dtype if cfg.model else None,
         "samples": cfg.samples, "temperature": cfg.temperature, "episodes": len(rows),
         "seconds": seconds, "episodes_per_s": len(rows) / max(seconds, 1e-9),
+        # which view that was and where it came from (a named view, or the model's own file); the hash is of the
+        # settings applied, so two evaluations with equal hashes saw the mazes alike
+        "view_choice": _view_choice(cfg),
     }
     with atomic_directory(cfg.out, overwrite=cfg.overwrite) as tmp:
         pq.write_table(pa.Table.from_pandas(episodes, preserve_index=False), tmp / "episodes.parquet")
         write_eval_report(tmp, summary, episodes, metrics)
         write_json(tmp / "summary.json", summary)  # last
     return summary
+
+
+def _view_choice(cfg: EvalConfig) -> dict | None:
+    if cfg.model is None:
+        return None
+    from ..policy.views import view_hash
+
+    applied = cfg.model.view()
+    # a library caller that built PolicyConfig itself named no view: its settings are recorded all the same
+    choice = dict(cfg.view_choice or {"name": "unnamed", "source": "settings given by the caller"})
+    choice["hash"] = view_hash(applied)
+    return choice
 
 
 def with_engine_limits(policy: PolicyConfig, frames: list[pd.DataFrame], max_turns: int | None) -> PolicyConfig:

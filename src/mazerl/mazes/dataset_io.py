@@ -114,7 +114,7 @@ def _is_boolean(value) -> bool:
     return isinstance(value, (bool, np.bool_))
 
 
-def _whole_number(value, where: str, column: str, low: int, high: int) -> int:
+def whole_number(value, where: str, column: str, low: int, high: int) -> int:
     """An integer cell in [low, high] (floats only when whole), or an error naming the row and column."""
     if _is_boolean(value) or value is None or isinstance(value, (str, bytes)):
         raise MazeError(f"{where}: {column} must be a whole number in {low}..{high}, got {value!r}")
@@ -158,7 +158,7 @@ def _validated(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     for i, row in enumerate(df.itertuples(index=False)):
         rec = row._asdict()
         where = f"{path} row {i} (maze_id {rec['maze_id']!r})"
-        maze = _row_maze(rec, i, path)
+        maze = row_maze(rec, i, path)
         try:
             a = analyse(maze)
         except MazeError:
@@ -175,15 +175,15 @@ def _validated(df: pd.DataFrame, path: Path) -> pd.DataFrame:
                 if col.endswith("_hash"):
                     ok = have == want
                 else:
-                    ok = _whole_number(have, where, col, 0, 10**9) == want
+                    ok = whole_number(have, where, col, 0, 10**9) == want
                 if not ok:
                     raise MazeError(f"{where}: {col} is {have!r} but the maze's grid, start and goal give {want!r}")
         if "max_turns" in given:
-            _whole_number(rec["max_turns"], where, "max_turns", 1, 100_000)
+            whole_number(rec["max_turns"], where, "max_turns", 1, 100_000)
         else:
             values["max_turns"] = max(2 * a.shortest_path_moves, a.shortest_path_moves + 10)
         if "seed" in given:
-            _whole_number(rec["seed"], where, "seed", -1, 2**63 - 1)
+            whole_number(rec["seed"], where, "seed", -1, 2**63 - 1)
         for col in ("split", "algorithm", "placement"):
             if col in given and (not isinstance(rec[col], str) or not rec[col]):
                 raise MazeError(f"{where}: {col} must be a non-empty string, got {rec[col]!r}")
@@ -223,7 +223,7 @@ def _is_whole(v) -> bool:
         return False
 
 
-def _row_maze(row: dict, i: int, path: Path) -> Maze:
+def row_maze(row: dict, i: int, path: Path) -> Maze:
     """The maze of one table row, or an error naming the row and what is wrong with it."""
     where = f"{path} row {i} (maze_id {row.get('maze_id')!r})"
     raw = row["grid"]

@@ -7,6 +7,8 @@
 Generation is cached (same preset + seeds = same splits); training and evaluation are not. Both
 evaluations show the mazes as the GRPO job does (its config), and both run on the profile's
 eval_engine (vllm: in the trainer image), so the pair can be compared.
+`model_view` ('' = the starting model's own mazerl_policy.json) names the view (policy.views) of a starting
+model trained elsewhere: warm start, training and both evaluations take it where the model's file would be.
 Steps that can hit transient faults (storage, cluster) retry. The branch is on a number.
 """
 
@@ -27,6 +29,7 @@ def build_pipeline(profile: Profile):
     @dsl.pipeline(name="mazerl", description="Multi-turn GRPO of a vision-language model on mazes, evaluated on held-out mazes")
     def mazerl_pipeline(
         model: str = defaults.model,
+        model_view: str = "",
         dataset_preset: str = defaults.dataset_preset,
         reference: str = "visgym",
         train_seed: int = -1,
@@ -59,18 +62,19 @@ def build_pipeline(profile: Profile):
             gen.set_caching_options(True).set_retry(2)
             start = comps["resolve_model"](model=model, registry_root=registry_root).set_caching_options(False)
             warm = comps["warm_start"](model=start.outputs["Output"], mazes=gen.outputs["mazes"], config=sft_config, enabled=warm_start,
-                                  steps=sft_steps, run_id=run_id, profile=profile_json)
+                                  steps=sft_steps, run_id=run_id, profile=profile_json, model_view=model_view)
             warm.set_caching_options(False)
             baseline = comps["evaluate"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                          other_mazes=other_mazes, reference_mazes=reference_mazes, training_log="", label="baseline",
-                                         config=grpo_config, engine=profile.eval_engine).set_caching_options(False)
+                                         config=grpo_config, engine=profile.eval_engine, model_view=model_view).set_caching_options(False)
             baseline.set_display_name("evaluate-baseline")
             train = comps["train_grpo"](model=warm.outputs["Output"], mazes=gen.outputs["mazes"], config=grpo_config, steps=grpo_steps,
-                                        backend=profile.backend, run_id=run_id, profile=profile_json)
+                                        backend=profile.backend, run_id=run_id, profile=profile_json, model_view=model_view)
             train.set_caching_options(False).set_retry(1)
             trained = comps["evaluate"](model=train.outputs["model"], mazes=gen.outputs["mazes"], heldout_mazes=heldout_mazes,
                                         other_mazes=other_mazes, reference_mazes=reference_mazes, training_log=train.outputs["training_log"],
-                                        label="trained", config=grpo_config, engine=profile.eval_engine).set_caching_options(False)
+                                        label="trained", config=grpo_config, engine=profile.eval_engine,
+                                        model_view=model_view).set_caching_options(False)
             trained.set_display_name("evaluate-trained")
             decision = comps["compare"](base=baseline.outputs["results"], new=trained.outputs["results"],
                                         min_gain=min_gain, max_p_value=max_p_value, guards=guards,
@@ -83,7 +87,13 @@ def build_pipeline(profile: Profile):
             with dsl.If(decision.outputs["Output"] == 1, name="improved"):
                 promote = comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
                                  comparison=decision.outputs["result"],
-                                 run_id=run_id, profile=profile_json).set_retry(2)
+                                 run_id=run_id, profile=profile_json,
+                                 # the run's facts and parameters, for the promoted model's card
+                                 mazes=gen.outputs["mazes"], base_model=start.outputs["Output"], train_seed=seed.output,
+                                 model_parameter=model, model_view=model_view, dataset_preset=dataset_preset,
+                                 reference=reference, warm_start=warm_start, sft_config=sft_config, grpo_config=grpo_config,
+                                 sft_steps=sft_steps, grpo_steps=grpo_steps, heldout_mazes=heldout_mazes,
+                                 other_mazes=other_mazes, reference_mazes=reference_mazes).set_retry(2)
         if profile.kind == "hyperpod":
             if profile.backend == "rayjob":
                 # train and cleanup are small CPU pods that drive the RayJob: FSx only, no GPU-node selectors,

@@ -92,11 +92,12 @@ def run_local(profile: Profile, pipeline_root: str | Path, arguments: dict) -> o
 def check_arguments(profile: Profile, arguments: dict) -> dict:
     """The parameter checks a submission gets (names, types, the guards' ranges), against this profile's
     compiled spec."""
-    from ..workflow import GUARD_PARAMETERS, guard_settings
+    from ..workflow import GUARD_PARAMETERS, MODEL_VIEW_PARAMETER, check_model_view, guard_settings
 
     with tempfile.TemporaryDirectory() as tmp:
         checked = check_parameters(compile_pipeline(profile, Path(tmp) / "pipeline.yaml"), arguments)
     guard_settings({k: v for k, v in checked.items() if k in GUARD_PARAMETERS})  # a bad one: a ConfigError naming it
+    check_model_view(checked.get(MODEL_VIEW_PARAMETER))  # an unknown view: a ViewError listing the views
     return checked
 
 

@@ -365,7 +365,14 @@ def init_tiny(out: str | Path, size: TinySize = "small", seed: int = 0, overwrit
         pad_token_id=tokenizer.pad_token_id,
         do_sample=False,
     )
+    from ..atomic import write_json
+    from .config import PolicyConfig
+    from .views import named_view
+
     with atomic_directory(out, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
+        # a model mazerl made carries its view, as trained ones do: mazerl's defaults, which it was shown
+        # until now without a file (a model with no view file needs a named one: policy.views)
+        write_json(tmp / PolicyConfig.VIEW_FILE, named_view("mazerl").settings)
     return Path(out)

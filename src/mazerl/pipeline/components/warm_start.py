@@ -17,7 +17,7 @@ def resolve_model(model: str, registry_root: str, base_model: Output[Model]) -> 
 
 
 def warm_start(model: str, mazes: Input[Dataset], config: str, enabled: bool, steps: int, run_id: str, profile: str,
-               warm_model: Output[Model]) -> str:
+               model_view: str, warm_model: Output[Model]) -> str:
     """Behaviour-cloning warm start on solver moves (for models without pretraining).
 
     Args:
@@ -28,6 +28,8 @@ def warm_start(model: str, mazes: Input[Dataset], config: str, enabled: bool, st
         steps: behaviour-cloning steps (0 = the config's).
         run_id: the KFP run id (on a cluster: names the run directory on FSx).
         profile: the deployment profile as JSON (on a cluster the model is written to FSx).
+        model_view: a named view (visgym | mazerl) for a starting model without mazerl_policy.json ('' = the
+            model's own): it fills the view settings the config leaves unset.
         warm_model: output directory: the warm-started model (on a cluster: run.json, its FSx path).
     Returns:
         Path of the model GRPO starts from (on a cluster: on FSx, which every task pod mounts).
@@ -37,4 +39,4 @@ def warm_start(model: str, mazes: Input[Dataset], config: str, enabled: bool, st
     from mazerl.workflow import warm_start as run
 
     return run(model, mazes.path, config, warm_model.path, {"steps": steps} if steps > 0 else {},
-               profile_json=profile, run_id=run_id)
+               profile_json=profile, run_id=run_id, model_view=model_view)
