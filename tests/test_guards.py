@@ -17,7 +17,8 @@ from mazerl.config import ConfigError
 from mazerl.evaluation.guards import GuardSettings, evaluate_guards
 from mazerl.evaluation.runner import EvalConfig, evaluate
 from mazerl.mazes.layout import MazeError
-from mazerl.workflow import compare, guard_settings
+from mazerl.evaluation.guards import guard_settings
+from mazerl.workflow import compare
 
 runner = CliRunner()
 GUARD_FIELDS = {"name", "split", "metric", "base", "new", "p", "tolerance", "decided", "passed"}

@@ -539,7 +539,7 @@ def eval_compare_cmd(
     from .atomic import write_json
     from .evaluation.compare import compare
     from .evaluation.report import compare_tables, guard_tables, write_compare_report
-    from .workflow import guard_settings
+    from .evaluation.guards import guard_settings
 
     result = _run_job(lambda: compare(base, new, guard_settings({})))
     target = out or new

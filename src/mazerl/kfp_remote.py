@@ -462,7 +462,8 @@ def prepare(conn: Connection, package: str | Path, params: dict[str, Any], exper
     reuse) the version, find or create the experiment. Returns the session, the target and the
     checked parameters."""
     params = check_parameters(package, params)
-    from .workflow import GUARD_PARAMETERS, MODEL_VIEW_PARAMETER, check_model_view, guard_settings
+    from .evaluation.guards import GUARD_PARAMETERS, guard_settings
+    from .workflow import MODEL_VIEW_PARAMETER, check_model_view
 
     guard_settings({k: v for k, v in params.items() if k in GUARD_PARAMETERS})  # out of range: a ConfigError naming it
     check_model_view(params.get(MODEL_VIEW_PARAMETER))  # an unknown view: a ViewError listing the views

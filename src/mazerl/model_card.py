@@ -99,7 +99,7 @@ def reproduce_command(facts: dict, comparison: dict) -> str | None:
     explicit, the model it started from, compare's rule and guards as decided, and a registry of its
     own (else the run would start from whatever the registry promotes by then). None when the run's
     parameters were not recorded (a promotion outside the pipeline)."""
-    from .workflow import GUARD_PARAMETERS
+    from .evaluation.guards import GUARD_PARAMETERS
 
     parameters = dict(facts.get("parameters") or {})
     profile = facts.get("profile") or {}
@@ -119,9 +119,9 @@ def reproduce_command(facts: dict, comparison: dict) -> str | None:
             value = guards[field]
             parameters[name] = ",".join(value) if isinstance(value, list) else "" if value is None else value
     if facts.get("registry_root") and facts.get("run_id"):
-        from .workflow import _join
+        from .storage import join_address
 
-        parameters["registry_root"] = _join(facts["registry_root"], "reproductions", facts["run_id"])
+        parameters["registry_root"] = join_address(facts["registry_root"], "reproductions", facts["run_id"])
     verb = "run" if profile.get("kind") == "local" else "submit"
     words = ["mazerl", "pipeline", verb, "--profile", profile["name"]]
     for key, value in parameters.items():

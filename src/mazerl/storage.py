@@ -34,6 +34,11 @@ def is_s3(address: str) -> bool:
     return str(address).startswith("s3://")
 
 
+def join_address(root: str, *parts: str) -> str:
+    """A path under a registry root: a local (or FSx) path or an s3:// prefix."""
+    return "/".join([root.rstrip("/"), *parts]) if root.startswith("s3://") else str(Path(root, *parts))
+
+
 def split_s3(uri: str) -> tuple[str, str]:
     """`s3://bucket/a/b` -> ("bucket", "a/b"), the bucket name checked."""
     if not is_s3(uri):

@@ -17,8 +17,10 @@ from pathlib import Path
 
 from .atomic import write_json
 from .config import ConfigError, load_config
+from .evaluation.guards import guard_settings
 from .mazes.layout import MazeError
 from .progress import PREFIX, Progress
+from .storage import join_address
 
 REGISTRY_FILE = "promoted.json"
 
@@ -82,18 +84,13 @@ def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, 
     return manifest
 
 
-def _join(root: str, *parts: str) -> str:
-    """A path under a registry root: a local (or FSx) path or an s3:// prefix."""
-    return "/".join([root.rstrip("/"), *parts]) if root.startswith("s3://") else str(Path(root, *parts))
-
-
 def read_registry(root: str | None) -> dict | None:
     """The promotion pointer at `root` (a local/FSx path or s3://), or None before the first promotion."""
     if not root:
         return None
     from .storage import read_json
 
-    return read_json(_join(root, REGISTRY_FILE))
+    return read_json(join_address(root, REGISTRY_FILE))
 
 
 def resolve_base_model(model: str, out_dir: str, registry_root: str | None) -> str:
@@ -383,32 +380,6 @@ def compare(base_dir: str, new_dir: str, out_dir: str, min_gain: float, max_p_va
     return result
 
 
-# the pipeline's guard parameters and the GuardSettings field each sets
-GUARD_PARAMETERS = {"guards": "enabled", "guard_p_value": "p_value", "guard_margin": "margin",
-                    "guard_success_tolerance": "success_tolerance", "guard_loop_tolerance": "loop_tolerance",
-                    "guard_wall_bump_tolerance": "wall_bump_tolerance", "guard_steps_tolerance": "steps_tolerance",
-                    "guard_splits": "splits"}
-
-
-def guard_settings(values: dict):
-    """GuardSettings from its fields or from pipeline parameters (`GUARD_PARAMETERS`; guard_splits: a comma list,
-    '' for every evaluated split). A bad value is a ConfigError naming the parameter and what is allowed."""
-    from pydantic import ValidationError
-
-    from .evaluation.guards import GuardSettings
-
-    fields = {GUARD_PARAMETERS.get(k, k): v for k, v in values.items()}
-    if isinstance(fields.get("splits"), str):
-        fields["splits"] = [x.strip() for x in fields["splits"].split(",") if x.strip()] or None
-    try:
-        return GuardSettings.model_validate(fields)
-    except ValidationError as err:
-        e = err.errors()[0]
-        field = str(e["loc"][0]) if e["loc"] else "?"
-        name = next((k for k, v in GUARD_PARAMETERS.items() if v == field), field)
-        raise ConfigError(f"{name} = {e.get('input')!r}: {e['msg']}") from None
-
-
 def read_comparison(result_dir: str) -> dict:
     """compare's comparison.json (the decision and every split's paired figures)."""
     path = Path(result_dir) / "comparison.json"
@@ -463,7 +434,7 @@ def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_ha
     previous = read_registry(registry_root)
     # the model goes where the registry is, so the pointer outlives the task that wrote it (a task's
     # output folder is pod-local on a cluster): s3://.../models/<run> (manifest last), or a copy on FSx
-    durable = _join(registry_root, "models", re.sub(r"[^A-Za-z0-9._-]", "-", run_id) or "run")
+    durable = join_address(registry_root, "models", re.sub(r"[^A-Za-z0-9._-]", "-", run_id) or "run")
     promoted_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     facts = run_facts(run_id, registry_root, eval_splits_hash, profile_json, run, previous)
     on_s3 = registry_root.startswith("s3://")
@@ -473,7 +444,7 @@ def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_ha
         from .storage import put_tree, write_text
 
         put_tree(Path(model_dir), durable)
-        card_address = _join(durable, CARD_FILE)
+        card_address = join_address(durable, CARD_FILE)
         write_text(card_address, card, content_type="text/markdown")  # one PUT: there whole or not at all
     else:
         from .atomic import atomic_directory
@@ -494,7 +465,7 @@ def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_ha
         from .cluster.sagemaker import register_model
 
         decision = comparison.get("decision") or {}
-        metrics_uri = _join(registry_root, "models", Path(durable).name, "comparison.json")
+        metrics_uri = join_address(registry_root, "models", Path(durable).name, "comparison.json")
         write_document(metrics_uri, comparison)
         per_split = {f"{split}/{key}": fig[key] for split, fig in (comparison.get("splits") or {}).items()
                      for key in ("mazes", "success_base", "success_new", "mcnemar_p", "loop_rate_new") if key in fig}
@@ -504,5 +475,5 @@ def promote(model_dir: str, registry_root: str, comparison: dict, eval_splits_ha
             f"mazerl GRPO run {run_id}; model card: {card_address}", approval=sm.approval_status,
             metrics_uri=metrics_uri if metrics_uri.startswith("s3://") else None,
             model_card=sagemaker_card_content(comparison, facts, card_address))
-    write_document(_join(registry_root, REGISTRY_FILE), entry)
+    write_document(join_address(registry_root, REGISTRY_FILE), entry)
     return entry

@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..config import ConfigError
 from ..mazes.layout import MazeError
 from .stats import Z95, mcnemar_exact, paired_comparison
 
@@ -100,3 +101,25 @@ def evaluate_guards(paired: dict[str, tuple[pd.DataFrame, pd.DataFrame]], s: Gua
                              float(b.steps_over_optimal[both].mean()) if n else None,
                              mean, p, ci[1], s.steps_tolerance, s, n))
     return guards
+
+
+# the pipeline's guard parameters and the GuardSettings field each sets
+GUARD_PARAMETERS = {"guards": "enabled", "guard_p_value": "p_value", "guard_margin": "margin",
+                    "guard_success_tolerance": "success_tolerance", "guard_loop_tolerance": "loop_tolerance",
+                    "guard_wall_bump_tolerance": "wall_bump_tolerance", "guard_steps_tolerance": "steps_tolerance",
+                    "guard_splits": "splits"}
+
+
+def guard_settings(values: dict):
+    """GuardSettings from its fields or from pipeline parameters (`GUARD_PARAMETERS`; guard_splits: a comma list,
+    '' for every evaluated split). A bad value is a ConfigError naming the parameter and what is allowed."""
+    fields = {GUARD_PARAMETERS.get(k, k): v for k, v in values.items()}
+    if isinstance(fields.get("splits"), str):
+        fields["splits"] = [x.strip() for x in fields["splits"].split(",") if x.strip()] or None
+    try:
+        return GuardSettings.model_validate(fields)
+    except ValidationError as err:
+        e = err.errors()[0]
+        field = str(e["loc"][0]) if e["loc"] else "?"
+        name = next((k for k, v in GUARD_PARAMETERS.items() if v == field), field)
+        raise ConfigError(f"{name} = {e.get('input')!r}: {e['msg']}") from None

@@ -92,7 +92,8 @@ def run_local(profile: Profile, pipeline_root: str | Path, arguments: dict) -> o
 def check_arguments(profile: Profile, arguments: dict) -> dict:
     """The parameter checks a submission gets (names, types, the guards' ranges), against this profile's
     compiled spec."""
-    from ..workflow import GUARD_PARAMETERS, MODEL_VIEW_PARAMETER, check_model_view, guard_settings
+    from ..evaluation.guards import GUARD_PARAMETERS, guard_settings
+    from ..workflow import MODEL_VIEW_PARAMETER, check_model_view
 
     with tempfile.TemporaryDirectory() as tmp:
         checked = check_parameters(compile_pipeline(profile, Path(tmp) / "pipeline.yaml"), arguments)
