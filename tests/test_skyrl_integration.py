@@ -24,7 +24,7 @@ from mazerl.envs.agents import as_reply, oracle_action, random_action  # noqa: E
 from mazerl.envs.maze_env import EnvConfig, MazeEnv, MazeTask  # noqa: E402
 from mazerl.errors import UserError  # noqa: E402
 from mazerl.mazes.dataset_io import COLUMNS, read_split, records, row_render_options, row_to_maze  # noqa: E402
-from mazerl.mazes.export import SKYRL_ENV_CLASS, ExportError, export_splits, skyrl_prompt  # noqa: E402
+from mazerl.integrations.export import SKYRL_ENV_CLASS, ExportError, export_splits, skyrl_prompt  # noqa: E402
 from mazerl.mazes.layout import MOVE_NAMES, MazeError  # noqa: E402
 from mazerl.mazes.splits import read_manifest  # noqa: E402
 from mazerl.policy.prompts import turn_text  # noqa: E402

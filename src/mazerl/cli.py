@@ -270,7 +270,7 @@ def mazes_export(
     overwrite: Annotated[bool, typer.Option(help="replace a non-empty --out")] = False,
 ) -> None:
     """Write the mazes as another framework's dataset rows: one parquet file per split in --out."""
-    from .mazes.export import export_splits
+    from .integrations.export import export_splits
 
     try:
         written = export_splits(splits, out, fmt, overwrite=overwrite, prompt=prompt)

@@ -1,1 +1,2 @@
-"""Adapters that let other RL frameworks play mazerl's mazes; each needs its own optional extra."""
+"""Other RL frameworks playing mazerl's mazes: the dataset export (`export`, no extra needed) and the
+skyrl-gym environment (`skyrl`, needs `mazerl[skyrl]`)."""

@@ -43,7 +43,7 @@ except ImportError as err:
 
 from ..envs.maze_env import EnvConfig, MazeEnv, MazeTask
 from ..mazes.dataset_io import RENDER_COLUMNS, row_maze, whole_number
-from ..mazes.export import SKYRL_ENV_CLASS
+from .export import SKYRL_ENV_CLASS
 from ..mazes.layout import Maze, MazeError
 from ..mazes.render import VISGYM_RENDER, RenderOptions
 from ..policy.prompts import turn_text

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..atomic import atomic_directory, child_path, inside, refuse_inputs_inside
-from .dataset_io import COLUMNS, SCHEMA, read_split, records
-from .layout import MazeError
+from ..mazes.dataset_io import COLUMNS, SCHEMA, read_split, records
+from ..mazes.layout import MazeError
 
 FORMATS: tuple[str, ...] = ("skyrl",)
 # The name SkyRL runs give as `environment.env_class`; skyrl-gym's registry knows it once
@@ -62,7 +62,7 @@ def split_files(inputs: list[str | Path]) -> list[Path]:
     """The split files named by `inputs`: parquet files as given; a dataset directory (`mazes generate` output)
     stands for every split its manifest lists, the frozen evaluation and VisGym reference splits included (a
     directory without a manifest: every .parquet file in it)."""
-    from .splits import read_manifest
+    from ..mazes.splits import read_manifest
 
     if not inputs:
         raise ExportError("nothing to export: give one or more split .parquet files, or a dataset directory")
