@@ -88,7 +88,7 @@ def episodes_batch(tp, mazes: Path, count: int, turns: int):
 def measure(args, checkpointing: bool) -> dict:
     """One mode, in this process."""
     from mazerl.config import load_config
-    from mazerl.policy.trainable import open_policy
+    from mazerl.rollout.factory import open_policy
     from mazerl.rl.config import GRPOConfig
     from mazerl.rl.worker import PolicyWorker
 

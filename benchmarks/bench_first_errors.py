@@ -24,7 +24,7 @@ from mazerl.mazes.dataset_io import read_split
 from mazerl.mazes.layout import MOVES
 from mazerl.mazes.solver import distances_from
 from mazerl.policy.config import PolicyConfig
-from mazerl.policy.trainable import open_policy
+from mazerl.rollout.factory import open_policy
 from mazerl.rollout.multiturn import items_from_split, rollout
 
 

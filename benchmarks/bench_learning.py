@@ -29,7 +29,7 @@ from mazerl.atomic import write_json
 from mazerl.config import load_config
 from mazerl.evaluation.stats import paired_comparison, wilson_interval
 from mazerl.mazes.dataset_io import read_split
-from mazerl.policy.trainable import open_policy
+from mazerl.rollout.factory import open_policy
 from mazerl.policy.config import PolicyConfig
 from mazerl.rl.config import GRPOConfig
 from mazerl.metrics import read_metrics

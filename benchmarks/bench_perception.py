@@ -25,7 +25,7 @@ from mazerl.mazes.render import RenderOptions
 from mazerl.mazes.sampling import sample_maze
 from mazerl.mazes.visgym import VISGYM_MAX_TURNS
 from mazerl.policy.config import PolicyConfig
-from mazerl.policy.trainable import open_policy
+from mazerl.rollout.factory import open_policy
 from mazerl.rollout.multiturn import RolloutItem, rollout
 
 

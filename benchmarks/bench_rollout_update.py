@@ -25,7 +25,7 @@ import psutil
 from mazerl.atomic import write_json
 from mazerl.mazes.splits import DatasetConfig, generate_dataset
 from mazerl.policy.tiny import init_tiny
-from mazerl.policy.trainable import open_policy
+from mazerl.rollout.factory import open_policy
 from mazerl.policy.config import PolicyConfig
 from mazerl.rl.config import GRPOConfig
 from mazerl.rl.trainer import GRPOTrainer

@@ -55,7 +55,8 @@ def measure(model_dir: str, mode: str, shard_mb: int, out: str) -> dict:
 
     from mazerl.policy.config import PolicyConfig
     from mazerl.policy.export import save_trained_model
-    from mazerl.policy.trainable import in_dtype, open_policy, save_model_dir
+    from mazerl.policy.trainable import in_dtype, save_model_dir
+    from mazerl.rollout.factory import open_policy
 
     policy = PolicyConfig(model=model_dir, dtype="bfloat16")
     tp = open_policy(policy, with_engine=False, for_training=True)  # float32 masters, as a trainer holds them

@@ -20,7 +20,8 @@ from mazerl.cluster.plan import SHARE_MARGIN, PlanError, resolve_memory_share
 from mazerl.mazes.dataset_io import read_split
 from mazerl.policy.config import PolicyConfig, VLLMSettings
 from mazerl.policy.export import INDEX_NAME, read_model_tensors, save_trained_model
-from mazerl.policy.trainable import open_policy, save_model_dir, serving_weights
+from mazerl.policy.trainable import save_model_dir, serving_weights
+from mazerl.rollout.factory import open_policy
 from mazerl.rl.config import GRPOConfig
 
 GiB = 2**30
@@ -227,7 +228,7 @@ def _rank_save_final(rank: int, world: int, cfg_json: dict, port: int, batches, 
     import transformers
 
     import mazerl.policy.loading as loading
-    import mazerl.policy.trainable as trainable
+    import mazerl.rollout.factory as factory
     from mazerl.distributed.ray_grpo import TrainRank
 
     r = TrainRank(cfg_json, rank, world)
@@ -237,7 +238,7 @@ def _rank_save_final(rank: int, world: int, cfg_json: dict, port: int, batches, 
     from mazerl.policy.trainable import in_dtype
 
     expected = in_dtype(full_state_dict(r.model), r.cfg.policy.dtype)  # a collective: the trained weights
-    trainable.open_policy = loading.load_policy = _refuse
+    factory.open_policy = loading.load_policy = _refuse
     for cls in (transformers.AutoModelForImageTextToText, transformers.PreTrainedModel):
         cls.from_pretrained = classmethod(_refuse)
         cls.from_config = classmethod(_refuse)

@@ -11,7 +11,7 @@ from mazerl.distributed.group import run_group
 from mazerl.envs.agents import as_reply, oracle_action
 from mazerl.mazes.dataset_io import read_split
 from mazerl.policy.config import PolicyConfig
-from mazerl.policy.trainable import open_policy
+from mazerl.rollout.factory import open_policy
 from mazerl.rl.config import GRPOConfig
 from mazerl.rl.worker import MiniBatch, PolicyWorker
 from mazerl.rollout.multiturn import items_from_split, rollout

@@ -134,7 +134,7 @@ def test_shipped_configs_checkpoint_activations_and_get_the_same_loss_and_gradie
 
 
 def test_shipped_lora_config_trains_float32_adapters_over_a_bf16_base_with_checkpointing(small_mazes, tmp_path):
-    from mazerl.policy.trainable import open_policy
+    from mazerl.rollout.factory import open_policy
 
     cfg = _shipped(SHIPPED_2B_LORA, small_mazes, tmp_path / "run")
     tp = open_policy(cfg.policy, cfg.lora, with_engine=False, for_training=True,
@@ -165,7 +165,7 @@ def _rank_main(rank: int, world: int, cfg_json: dict, port: int, batch: MiniBatc
 
 def test_shipped_8b_config_on_two_fsdp_ranks_keeps_float32_masters_and_checkpoints_activations(small_mazes, tmp_path):
     from mazerl.distributed.group import free_port
-    from mazerl.policy.trainable import open_policy
+    from mazerl.rollout.factory import open_policy
 
     cfg = _shipped(SHIPPED_8B, small_mazes, tmp_path / "run", **{"distributed.backend": "ray", "distributed.ranks": 2,
                                                                  "distributed.rollout_workers": 2})

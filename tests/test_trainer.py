@@ -268,7 +268,7 @@ def test_rollouts_carry_the_weights_version_and_stale_ones_are_refused(warm_mode
 
 def test_the_in_process_engine_loads_synced_weights(tiny_model_dir):
     from mazerl.policy.config import PolicyConfig
-    from mazerl.policy.trainable import open_policy
+    from mazerl.rollout.factory import open_policy
 
     a = open_policy(PolicyConfig(model=str(tiny_model_dir)))
     b = open_policy(PolicyConfig(model=str(tiny_model_dir)))

@@ -103,7 +103,7 @@ class TrainRank:
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size))
-        from ..policy.trainable import open_policy
+        from ..rollout.factory import open_policy
         from ..rl.common import seed_everything
         from ..rl.worker import PolicyWorker
         from .fsdp import param_dtype_for, shard_policy
@@ -345,7 +345,7 @@ class RolloutWorker:
     """An inference engine and a slice of every step's mazes."""
 
     def __init__(self, cfg_json: dict):
-        from ..policy.trainable import open_policy
+        from ..rollout.factory import open_policy
 
         from .memory import PhaseLog
 

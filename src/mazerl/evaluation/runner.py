@@ -202,7 +202,7 @@ def open_for_evaluation(policy: PolicyConfig):
     """The policy's chat format and engine. The HF engine generates with the model itself; vLLM holds its own
     copy of the weights, so only the processor is opened here (a second copy on the GPU would take memory
     vLLM's gpu_memory_utilization share counts on)."""
-    from ..policy.trainable import open_policy
+    from ..rollout.factory import open_policy
 
     if policy.engine != "vllm":
         return open_policy(policy)
@@ -212,7 +212,7 @@ def open_for_evaluation(policy: PolicyConfig):
     from ..policy.grammar import ActionGrammar
     from ..policy.loading import Policy, PolicyLoadError, looks_like_local_path
     from ..policy.prompts import PROMPTS
-    from ..policy.trainable import TrainablePolicy
+    from ..rollout.factory import TrainablePolicy
     from ..rollout.factory import make_engine
 
     if looks_like_local_path(policy.model) and not Path(policy.model).expanduser().is_dir():

@@ -15,11 +15,14 @@ with a ChatML string, so the ids equal `processor.apply_chat_template(...)` (tes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from .prompts import SYSTEM_PROMPT
+
+if TYPE_CHECKING:
+    import torch
 
 SegmentKind = Literal["prompt", "image", "reply"]
 
@@ -217,3 +220,11 @@ class Conversation:
                 lps += [0.0] * len(seg.ids)
         return PackedSample(ids=ids, images=images, loss_mask=mask, old_logprobs=lps, turns=[t + 1 for t in chain],
                             token_turns=token_turns)
+
+
+def vision_inputs(image_processor, images: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """pixel_values and image_grid_thw for images in placeholder order (empty dict for none)."""
+    if not images:
+        return {}
+    out = image_processor(images=images, return_tensors="pt")
+    return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}

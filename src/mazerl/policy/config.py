@@ -8,8 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..rollout.engine import SamplingParams
-from ..rollout.multiturn import HistoryConfig
+from .sampling import HistoryConfig, SamplingParams
 
 
 class VLLMSettings(BaseModel):

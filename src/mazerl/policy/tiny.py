@@ -263,7 +263,7 @@ def _marker_frames(processor_image, count: int, seed: int):
 
 def _block_input(model, image_processor, frames, layer: int) -> torch.Tensor:
     """What vision block `layer` normalises and attends over, for `frames` (all patches, in order)."""
-    from ..rollout.engine import vision_inputs
+    from .chat import vision_inputs
 
     vis = model.model.visual
     captured = []

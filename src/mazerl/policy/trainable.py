@@ -1,34 +1,12 @@
-"""A policy opened for training or evaluation: model, chat format, inference engine, reply grammar;
-and saving one in the Hugging Face layout with its view settings."""
+"""A policy's weights as training handles them: the dtype they are trained in, activation checkpointing,
+the copy an engine serves, and saving a model in the Hugging Face layout with its view settings.
+(Opening a policy with its inference engine: rollout/factory.py.)"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..rollout.engine import InferenceEngine, SamplingParams
-from ..rollout.factory import make_engine
-from .chat import ChatFormat
 from .config import LoraSettings, PolicyConfig
-from .grammar import ActionGrammar
-from .loading import Policy, load_policy
-from .prompts import PROMPTS
-
-
-@dataclass
-class TrainablePolicy:
-    policy: Policy
-    chat: ChatFormat
-    engine: InferenceEngine | None  # None when opened for training only (a Ray training rank)
-    config: PolicyConfig
-    reply_choices: tuple[int, ...] | None = None  # the action grammar's word ids (None: free replies)
-
-    def sampling(self, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0) -> SamplingParams:
-        """Sampling settings for this policy, banned tokens included: what every engine call and the
-        trainer's log-probabilities use."""
-        return self.config.sampling(temperature=temperature, seed=seed, top_p=top_p,
-                                    banned_ids=tuple(self.chat.banned_reply_ids))
 
 
 def training_dtype(cfg: PolicyConfig, lora: LoraSettings | None = None) -> str:
@@ -46,28 +24,6 @@ def enable_activation_checkpointing(model) -> None:
     inputs that need no gradient). Only in training mode: generation and reference passes are unaffected."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # unwrap peft
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def open_policy(cfg: PolicyConfig, lora: LoraSettings | None = None, with_engine: bool = True,
-                for_training: bool = False, activation_checkpointing: bool = False) -> TrainablePolicy:
-    """The model and its chat format, and (with_engine) the inference engine `cfg.engine` names.
-    `for_training`: the weights in `training_dtype` (float32 masters); `activation_checkpointing`: see
-    enable_activation_checkpointing. An engine with its own copy (vLLM) still loads `cfg.dtype`."""
-    policy = load_policy(cfg.model, dtype=training_dtype(cfg, lora) if for_training else cfg.dtype, device=cfg.device)
-    if lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        policy.model = get_peft_model(
-            policy.model,
-            LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules),
-        )
-    if activation_checkpointing:
-        enable_activation_checkpointing(policy.model)
-    policy.model.train()
-    chat = ChatFormat(policy.processor, system_prompt=PROMPTS[cfg.prompt])
-    choices = ActionGrammar.from_chat(chat).word_ids if cfg.reply_grammar == "action" else None
-    engine = make_engine(cfg, policy.model, chat) if with_engine else None
-    return TrainablePolicy(policy, chat, engine, cfg, choices)
 
 
 def save_model_dir(model, processor, target, view: PolicyConfig | None = None) -> None:

@@ -13,7 +13,7 @@ from ..atomic import existing_path, refuse_inputs_inside
 from ..envs.maze_env import EnvConfig
 from ..mazes.dataset_io import read_split
 from ..policy.config import PolicyConfig
-from ..policy.trainable import TrainablePolicy
+from ..rollout.factory import TrainablePolicy
 from ..rollout.multiturn import items_from_split, rollout
 from .driver import episode_metrics
 

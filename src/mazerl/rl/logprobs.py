@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..policy.chat import ChatFormat, PackedSample
-from ..rollout.engine import SamplingParams, image_digest, vision_inputs
+from ..policy.chat import vision_inputs
+from ..policy.sampling import SamplingParams
+from ..rollout.engine import image_digest
 
 
 @dataclass

@@ -50,7 +50,8 @@ from ..mazes.seeding import derive_seed
 from ..mazes.solver import solve
 from ..mazes.splits import _row
 from ..mazes.visgym import VISGYM_MAX_TURNS
-from ..rollout.multiturn import HistoryConfig, RolloutItem, rollout
+from ..policy.sampling import HistoryConfig
+from ..rollout.multiturn import RolloutItem, rollout
 from .config import OptimConfig, PolicyConfig
 from .logprobs import token_logprobs
 from ..metrics import MetricsWriter
@@ -175,7 +176,7 @@ def draw_mazes(cells: int, count: int, algorithm: str, seed: int, stream: str, e
 class Pretrainer:
     def __init__(self, cfg: PretrainConfig, out: Path, reference: str | Path | None, log=print):
         from ..policy.tiny import init_tiny
-        from ..policy.trainable import open_policy
+        from ..rollout.factory import open_policy
         from .common import seed_everything
 
         self.cfg, self.out, self.log = cfg, out, log
@@ -394,7 +395,7 @@ def pretrain_tiny(cfg: PretrainConfig, out: str | Path, *, reference: str | Path
         log(f"shipping step {chosen['step']}: {why}")
         # Measure the chosen snapshot on the default preset's heldout mazes (what `make demo` evaluates).
         from ..mazes.splits import generate_dataset
-        from ..policy.trainable import open_policy
+        from ..rollout.factory import open_policy
 
         trainer.tp = open_policy(trainer.view.model_copy(update={"model": chosen["path"]}))
         trainer.model = trainer.tp.policy.model

@@ -20,7 +20,8 @@ from ..envs.agents import as_reply, oracle_action, random_action
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..rollout.multiturn import items_from_split, rollout
-from ..policy.trainable import open_policy, save_model_dir
+from ..policy.trainable import save_model_dir
+from ..rollout.factory import open_policy
 from .common import greedy_success, refuse_inputs_in_run_files, seed_everything
 from .config import SFTConfig
 from .data import MazeSampler

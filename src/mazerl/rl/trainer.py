@@ -28,7 +28,8 @@ from ..errors import UserError
 from ..mazes.dataset_io import read_split
 from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
-from ..policy.trainable import in_dtype, open_policy, serving_weights
+from ..policy.trainable import in_dtype, serving_weights
+from ..rollout.factory import open_policy
 from ..rollout.multiturn import Trajectory, items_from_split, rollout
 from ..storage import CheckpointMirror
 from ..integrity import verify

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..policy.chat import ChatFormat, PackedSample
-from ..rollout.engine import SamplingParams
+from ..policy.sampling import SamplingParams
 from .config import GRPOConfig
 from .grpo import grpo_loss
 from .logprobs import token_logprobs

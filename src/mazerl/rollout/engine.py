@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from ..config import Seed, TemperatureOrGreedy
 from ..mazes.seeding import derive_seed
 from ..errors import UserError
+from ..policy.chat import vision_inputs
 from ..policy.grammar import ActionGrammar, GrammarError
+from ..policy.sampling import SamplingParams
 
 
 DAMAGED = ("the model's next-token scores are NaN or infinite: its weights are damaged (a diverged or corrupted "
@@ -85,23 +85,6 @@ class _PerRequestSampler(LogitsProcessor):
         return out
 
 
-class SamplingParams(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
-
-    temperature: TemperatureOrGreedy = Field(1.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(16, ge=1, le=32768)
-    seed: Seed = 0
-    grammar: Literal["free", "action"] = Field(
-        "free", description="'action': replies are exactly <action>WORD</action> (policy.grammar)")
-    banned_ids: tuple[int, ...] = Field(
-        (), description="token ids never sampled; the trainer's log-probabilities give them probability 0 too")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
 @dataclass
 class GenerationRequest:
     ids: list[int]
@@ -154,14 +137,6 @@ def image_digest(image: np.ndarray) -> tuple:
     """An image's identity for sharing work between requests: shape, dtype and a hash of its pixels."""
     arr = np.ascontiguousarray(image)
     return arr.shape, str(arr.dtype), hashlib.blake2b(arr.tobytes(), digest_size=16).digest()
-
-
-def vision_inputs(image_processor, images: list[np.ndarray]) -> dict[str, torch.Tensor]:
-    """pixel_values and image_grid_thw for images in placeholder order (empty dict for none)."""
-    if not images:
-        return {}
-    out = image_processor(images=images, return_tensors="pt")
-    return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
 
 class HFEngine:

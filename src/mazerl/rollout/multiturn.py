@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ..envs.maze_env import EnvConfig, MazeEnv, MazeTask
 from ..envs.stats import EpisodeStats
 from ..envs.actions import parse_action
@@ -19,20 +17,8 @@ from ..mazes.seeding import derive_seed
 from ..policy.chat import ChatFormat, Conversation, PackedSample
 from ..policy.grammar import ActionGrammar
 from ..policy.prompts import turn_text
-from .engine import GenerationOutput, GenerationRequest, InferenceEngine, SamplingParams
-
-
-class HistoryConfig(BaseModel):
-    """How much of the episode the model sees each turn.
-
-    `turns`: earlier turns kept (None = all). `images`: how many of the most recent turns keep
-    their image (None = all). A Markov policy (the frame shows the whole state) needs turns=0.
-    """
-
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
-
-    turns: int | None = Field(None, ge=0)
-    images: int | None = Field(None, ge=1)
+from ..policy.sampling import HistoryConfig, SamplingParams
+from .engine import GenerationOutput, GenerationRequest, InferenceEngine
 
 
 @dataclass

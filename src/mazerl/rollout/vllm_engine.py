@@ -33,7 +33,8 @@ import torch
 
 from ..errors import UserError
 from ..policy.grammar import ActionGrammar, GrammarError
-from .engine import DAMAGED, DamagedModelError, GenerationOutput, GenerationRequest, SamplingParams
+from ..policy.sampling import SamplingParams
+from .engine import DAMAGED, DamagedModelError, GenerationOutput, GenerationRequest
 from ..mazes.seeding import derive_seed
 
 
