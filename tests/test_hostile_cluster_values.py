@@ -300,7 +300,7 @@ def test_a_run_id_that_cannot_be_a_label_value_is_refused_at_render_time(run_id,
 
 
 def pod_config(manifest: dict) -> GRPOConfig:
-    """The job config the driver pod runs (cli.train_grpo_cmd: the --set overrides, then --backend ray)."""
+    """The job config the driver pod runs (cli/train.py, train_grpo_cmd: the --set overrides, then --backend ray)."""
     config, overrides = pod_view(manifest)
     return load_config(GRPOConfig, config, {**overrides, "distributed.backend": "ray"})
 

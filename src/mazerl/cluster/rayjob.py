@@ -100,7 +100,7 @@ def entrypoint(config: str, overrides: dict[str, object]) -> str:
 
 def driver_job_config(command: str):
     """The GRPOConfig the driver pod will run: `command` (an entrypoint) read back the way its shell and
-    `mazerl train grpo` read it (cli.train_grpo_cmd: --set overrides, then --backend), validated by the
+    `mazerl train grpo` read it (cli/train.py, train_grpo_cmd: --set overrides, then --backend), validated by the
     same model. A ConfigError names the setting the pod would refuse."""
     from ..config import load_config, parse_overrides
     from ..rl.config import GRPOConfig
