@@ -21,6 +21,8 @@ RUN pip install -r requirements/runtime.lock
 # the lock above already holds them; pip check fails the build if it does not.
 COPY pyproject.toml README.md ./
 COPY src/ src/
+COPY components/ components/
+COPY pipelines/ pipelines/
 RUN pip install --no-deps './[kfp,aws]' \
     && pip check \
     && useradd --create-home --uid 1000 mazerl

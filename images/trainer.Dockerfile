@@ -45,6 +45,8 @@ RUN pip install -r requirements/trainer.lock
 
 COPY --chown=1000:100 pyproject.toml README.md ./
 COPY --chown=1000:100 src/ src/
+COPY --chown=1000:100 components/ components/
+COPY --chown=1000:100 pipelines/ pipelines/
 # mazerl itself; its dependencies are in the lock (pip check fails the build if one is missing).
 # Configs and models are package data. [kfp]: the evaluate tasks of a profile with eval_engine vllm
 # run as KFP components in this image (the KFP executor imports kfp).

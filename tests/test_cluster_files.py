@@ -49,6 +49,19 @@ def test_dockerfile_copies_exist_and_are_not_docker_ignored(dockerfile):
         assert src.rstrip("/") not in ignored, f"{dockerfile.name}: COPY {src} is excluded by .dockerignore"
 
 
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_copies_every_folder_the_package_is_built_from(dockerfile):
+    """pyproject maps mazerl.components and mazerl.pipelines from the repository's top level: an image that
+    installs mazerl without them would build a package whose pipeline commands cannot import."""
+    import tomllib
+
+    folders = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    assert {"src", "components", "pipelines"} <= folders
+    copied = {p.rstrip("/") for line in dockerfile.read_text().splitlines() if line.startswith("COPY ")
+              for p in [q for q in line.split()[1:] if not q.startswith("--")][:-1]}
+    assert folders <= copied, f"{dockerfile.name} does not COPY {sorted(folders - copied)}"
+
+
 def _lock(image: str) -> dict[str, str]:
     """requirements/<image>.lock as {canonical name: version}; every line must be an exact pin."""
     from packaging.utils import canonicalize_name

@@ -184,7 +184,7 @@ def test_a_named_view_fills_only_what_the_job_config_leaves_unset(mazes):
 
 @pytest.fixture(scope="module")
 def local_spec(tmp_path_factory) -> Path:
-    from mazerl.pipeline.run import compile_pipeline
+    from mazerl.pipelines.run import compile_pipeline
     from mazerl.profiles import load_profile
 
     return compile_pipeline(load_profile("local"), tmp_path_factory.mktemp("spec") / "pipeline.yaml")
@@ -194,7 +194,7 @@ def test_the_pipeline_has_a_model_view_parameter_checked_before_a_run(local_spec
     import yaml
 
     from mazerl.kfp_remote import prepare
-    from mazerl.pipeline.run import check_arguments
+    from mazerl.pipelines.run import check_arguments
     from mazerl.profiles import load_profile
 
     spec = yaml.safe_load(local_spec.read_text())

@@ -230,7 +230,7 @@ def _config_models():
     from pydantic import BaseModel
 
     for info in pkgutil.walk_packages(mazerl.__path__, "mazerl."):
-        if info.name.startswith(("mazerl.pipeline", "mazerl.distributed")) or "vllm" in info.name:
+        if info.name.startswith(("mazerl.pipelines", "mazerl.components", "mazerl.distributed")) or "vllm" in info.name:
             continue  # kfp / ray / vllm imports; their configs are the ones checked here
         module = importlib.import_module(info.name)
         for obj in vars(module).values():

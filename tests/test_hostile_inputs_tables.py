@@ -324,7 +324,7 @@ def test_a_bad_training_log_is_found_before_any_maze_is_played(two_mazes, tmp_pa
 
 
 def test_pipeline_run_with_a_missing_reference_is_one_message(tmp_path, monkeypatch):
-    import mazerl.pipeline.run as pipeline_run
+    import mazerl.pipelines.run as pipeline_run
 
     def must_not_start(*args, **kwargs):
         raise AssertionError("the DAG started")

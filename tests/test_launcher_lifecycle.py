@@ -207,7 +207,7 @@ def test_the_train_task_gets_its_pod_s_name_uid_and_namespace_from_the_downward_
     from kfp import compiler
 
     from mazerl.cluster.rayjob import POD_ENV_FIELDS
-    from mazerl.pipeline.dag import build_pipeline
+    from mazerl.pipelines.dag import build_pipeline
 
     compiler.Compiler().compile(build_pipeline(load_profile("hyperpod-p5")), str(tmp_path / "p.yaml"))  # the DAG alone
     platform = list(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))[1]

@@ -43,7 +43,7 @@ def comparison(comparison_dir) -> dict:
 
 
 def _run(small_mazes) -> dict:
-    """The facts the pipeline's promote step passes (see pipeline/components/promote.py)."""
+    """The facts the pipeline's promote step passes (see components/promote.py)."""
     return {"parameters": {"model": "tiny-base", "model_view": "", "dataset_preset": "smoke", "reference": "none",
                            "warm_start": False, "sft_config": "", "grpo_config": "tiny-grpo", "sft_steps": 0, "grpo_steps": 2,
                            "heldout_mazes": 16, "other_mazes": 4, "reference_mazes": 0},
@@ -103,7 +103,7 @@ def test_the_reproduce_command_is_one_the_pipeline_accepts(comparison, small_maz
     """Every --param of the card's command is a parameter of the local profile's pipeline, of the right type;
     the drawn seed and compare's rule and guards are in it, and it writes to a registry of its own."""
     from mazerl.config import parse_overrides
-    from mazerl.pipeline.run import check_arguments
+    from mazerl.pipelines.run import check_arguments
     from mazerl.workflow import run_facts
 
     profile = load_profile("local")
@@ -224,7 +224,7 @@ def test_a_card_without_its_comparison_is_a_clear_error_and_nothing_is_written(b
 def test_the_promote_component_passes_the_run_s_facts_to_the_card(comparison_dir, small_mazes, tmp_path):
     from kfp.dsl import Dataset
 
-    from mazerl.pipeline.components.promote import promote as promote_component
+    from mazerl.components.promote import promote as promote_component
 
     root = str(tmp_path / "registry")
     run = _run(small_mazes)["parameters"]
@@ -239,7 +239,7 @@ def test_the_promote_component_passes_the_run_s_facts_to_the_card(comparison_dir
 def test_the_compiled_pipeline_hands_the_run_s_facts_to_promote(tmp_path):
     import yaml
 
-    from mazerl.pipeline.run import compile_pipeline
+    from mazerl.pipelines.run import compile_pipeline
 
     spec = yaml.safe_load(compile_pipeline(load_profile("local"), tmp_path / "p.yaml").read_text())
 

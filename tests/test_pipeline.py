@@ -232,8 +232,9 @@ def test_the_wheel_carries_configs_profiles_reference_model_and_dag(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("mazerl/configs/jobs/tiny-grpo.yaml", "mazerl/configs/profiles/local.yaml",
                    "mazerl/data/visgym_maze2d_reference.json", "mazerl/assets/tiny-base/model.safetensors",
-                   "mazerl/assets/tiny-base/provenance.json", "mazerl/pipeline/dag.py",
-                   "mazerl/pipeline/components/train_grpo.py"):
+                   "mazerl/assets/tiny-base/provenance.json", "mazerl/pipelines/dag.py",
+                   "mazerl/pipelines/run.py", "mazerl/components/train_grpo.py", "mazerl/components/__init__.py",
+                   "mazerl/cli/__init__.py", "mazerl/integrations/skyrl.py"):
         assert needed in names, needed
     assert not any(n.startswith(("components/", "pipelines/")) for n in names)  # no top-level packages of those names
 
@@ -270,6 +271,13 @@ def test_a_pip_installed_mazerl_runs_its_pipeline_promotes_and_the_next_run_star
         return subprocess.run([str(venv / "bin" / "mazerl"), "pipeline", "run", "--config", "smoke", "--param", "min_gain=-1",
                                "--param", "max_p_value=1"], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=1500)
 
+    # the top-level components/ and pipelines/ travel in the wheel as mazerl.components and mazerl.pipelines
+    for profile in ("local", "hyperpod-p5"):
+        compiled = subprocess.run([str(venv / "bin" / "mazerl"), "pipeline", "compile", "--profile", profile, "--out",
+                                   f"{profile}.yaml"], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=600)
+        assert compiled.returncode == 0, compiled.stdout[-3000:] + compiled.stderr[-3000:]
+        assert "train-grpo" in (elsewhere / f"{profile}.yaml").read_text()
+
     first = pipeline_run()
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     registry = elsewhere / "outputs" / "pipeline" / "registry" / "promoted.json"
@@ -295,7 +303,7 @@ def test_kfp_local_passes_parameter_values_that_contain_python3_intact(tmp_path)
     """kfp.local's SubprocessRunner rewrites `python3` in every argument of a task, data included."""
     from kfp import dsl, local
 
-    from mazerl.pipeline.run import _values_passed_intact
+    from mazerl.pipelines.run import _values_passed_intact
 
     @dsl.component(base_image="python:3.11-slim", install_kfp_package=False)
     def echo(text: str) -> str:
@@ -310,8 +318,8 @@ def test_kfp_local_passes_parameter_values_that_contain_python3_intact(tmp_path)
 def test_a_decision_to_promote_that_no_promote_step_carried_out_is_a_failure(tmp_path, monkeypatch):
     """The console's verdict comes from the promote step's output and the registry, never from
     compare's decision alone (kfp.local once skipped the promote branch silently)."""
-    import mazerl.pipeline.run as pipeline_run
-    from mazerl.pipeline.run import LocalRun, promotion_of_run
+    import mazerl.pipelines.run as pipeline_run
+    from mazerl.pipelines.run import LocalRun, promotion_of_run
 
     run_dir = tmp_path / "runs" / "mazerl-1"
     (run_dir / "compare" / "result").mkdir(parents=True)

@@ -97,7 +97,7 @@ def test_the_promote_component_records_compare_s_whole_result(tmp_path):
 
     from kfp.dsl import Dataset
 
-    from mazerl.pipeline.components.promote import promote as promote_component
+    from mazerl.components.promote import promote as promote_component
     from mazerl.workflow import read_registry
 
     model = tmp_path / "final"

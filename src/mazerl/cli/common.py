@@ -112,9 +112,9 @@ def _profile_names() -> list[str]:
 
 
 def _pipeline_modules():
-    """The KFP adapter (mazerl.pipeline): imported only by pipeline commands, as it needs kfp."""
+    """The KFP adapter (mazerl.pipelines): imported only by pipeline commands, as it needs kfp."""
     try:
-        from ..pipeline import run as pipeline_run
+        from ..pipelines import run as pipeline_run
     except ImportError as err:
         _fail(f"the pipeline commands need kfp: pip install 'mazerl[kfp]' ({err})")
     return pipeline_run

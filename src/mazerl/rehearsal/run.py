@@ -179,7 +179,7 @@ def rehearse(profile: Profile, out: Path, cancel_after_step: int | None = None, 
     """Run the rehearsal; returns what rehearsal.json holds (also written to `out`)."""
     from ..cluster.plan import build_plan, job_config_for_profile
     from ..cluster.rayjob import driver_job_config
-    from ..pipeline.run import run_local_logged
+    from ..pipelines.run import run_local_logged
     from .aws import environment, local_aws, registered_models
     from .kube_api import ClusterState, K8sAPIServer, rayjob_schema_errors, write_kubeconfig
     from .kuberay import LocalKubeRay

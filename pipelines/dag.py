@@ -15,8 +15,8 @@ Steps that can hit transient faults (storage, cluster) retry. The branch is on a
 
 from kfp import dsl
 
+from .. import components
 from ..profiles import Profile
-from . import components
 
 
 def build_pipeline(profile: Profile):
