@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -110,6 +112,36 @@ class LocalRun:
     error: RuntimeError | None = None
 
 
+# kfp.local's warnings that say nothing to a user: its condition evaluation logs this for a branch input it reads
+# from another scope first (the promote branch's `compare-improved`), then carries on. What it decided is
+# checked regardless: promotion_of_run fails a run whose compare decided to promote and no promote step ran.
+EXPECTED_KFP_WARNINGS = ("Could not resolve parent input: ",)
+
+
+class _ExpectedWarningsToLog(logging.Filter):
+    """Writes kfp.local's expected warnings to standard output (the run's log, which the console does not
+    show) instead of standard error; every other record passes as it was."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.name == "root" and message.startswith(EXPECTED_KFP_WARNINGS):
+            print(f"{record.levelname}:kfp.local:{message} (expected; see pipelines/run.py)", file=sys.stdout, flush=True)
+            return False
+        return True
+
+
+@contextmanager
+def expected_kfp_warnings_to_log():
+    """While a local run runs, kfp.local's expected warnings go to its log, not the console."""
+    root = logging.getLogger()
+    keep = _ExpectedWarningsToLog()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+
+
 def run_local_logged(profile: Profile, root: Path, arguments: dict, verbose: bool = False) -> LocalRun:
     """`run_local` with its output teed to a log, then cut into one log per task beside its outputs.
 
@@ -117,7 +149,7 @@ def run_local_logged(profile: Profile, root: Path, arguments: dict, verbose: boo
     runs = root / "runs"
     before = set(runs.glob("mazerl-*"))
     result = LocalRun(None, root / "logs" / f"pipeline-{os.getpid()}-{int(time.time())}.log")
-    with tee_stdout(result.log, show=None if verbose else console_line):
+    with tee_stdout(result.log, show=None if verbose else console_line), expected_kfp_warnings_to_log():
         try:
             run_local(profile, runs, arguments)
         except RuntimeError as err:

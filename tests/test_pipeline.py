@@ -344,3 +344,28 @@ def test_a_decision_to_promote_that_no_promote_step_carried_out_is_a_failure(tmp
         promotion_of_run(run_dir, str(registry))
     (registry / "promoted.json").write_text(json.dumps({"model": str(registry / "m"), "run_id": "r1"}))
     assert promotion_of_run(run_dir, str(registry))["run_id"] == "r1"
+
+
+def test_kfp_locals_expected_warning_goes_to_the_log_and_others_stay_on_the_console(capsys):
+    """The demo's console showed kfp.local's `Could not resolve parent input: compare-improved` after a correct run:
+    during a local run it goes to standard output (the run's log; the console filter hides it), while any other
+    warning still reaches standard error."""
+    import logging
+    import sys
+
+    from mazerl.pipelines.run import expected_kfp_warnings_to_log
+
+    handler = logging.StreamHandler(sys.stderr)  # capsys's stderr, as logging.basicConfig's handler writes
+    logging.getLogger().addHandler(handler)
+    try:
+        with expected_kfp_warnings_to_log():
+            logging.warning("Could not resolve parent input: compare-improved")
+            logging.warning("Could not resolve task output: train-grpo.Output")
+        logging.warning("Could not resolve parent input: after the run")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    out, err = capsys.readouterr()
+    assert "Could not resolve parent input: compare-improved (expected" in out
+    assert "compare-improved" not in err
+    assert "Could not resolve task output: train-grpo.Output" in err  # not an expected one: kept
+    assert "after the run" in err  # the filter is gone once the run is over
