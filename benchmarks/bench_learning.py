@@ -11,7 +11,7 @@ Usage (the issue's benchmark: 60 minutes, 500 mazes, every 5 minutes):
 
 (tiny-grpo's 2e-4 peak rate, at 48 mazes a step instead of the demo's 16: 0.312 -> 0.596 in 52
 training minutes, +28.4 points, where 16 mazes a step had given +20.8; at a 4e-4 peak an hour's run went
-unstable near step 100. docs/BENCHMARKS.md, "Seventeenth session".)
+unstable near step 100. docs/BENCHMARKS.md, "GRPO learning: the hour"; docs/history.md.)
 
 `--steps` is the run's length in GRPO steps, and so the horizon of the config's learning-rate schedule
 (tiny-grpo: cosine); `--minutes` stops the run early, with a checkpoint, on a machine slower than the

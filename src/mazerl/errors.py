@@ -1,7 +1,7 @@
 """What the command line says when something goes wrong: one line for bad input, one line and a
 log file for anything unexpected. Every expected error type derives from `UserError`.
 
-Exit codes (documented in the README): 0 success, 1 a check that ran and failed (a conformance
+Exit codes (documented in docs/cli.md): 0 success, 1 a check that ran and failed (a conformance
 mismatch) or an unexpected internal error, 2 bad input (usage, files, configs, data), 130 interrupted
 (Ctrl-C), 143 stopped by SIGTERM (an orchestrator or `kill`; cleaned up like Ctrl-C).
 """
