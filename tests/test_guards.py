@@ -137,6 +137,19 @@ def test_bench_retraining_refuses_a_round_count_below_one(rounds, tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("variants", ["", "baseline,loops-off", "nope"])
+def test_bench_signals_refuses_a_variant_it_does_not_have(variants, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_signals.py"), "--variants", variants,
+                           "--out", str(tmp_path / "s")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--variants" in proc.stderr and "baseline, revisit, dead-end" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "s").exists()
+
+
 def test_routes_a_little_longer_than_an_optimal_base_pass_the_default_steps_tolerance():
     """The 2026-12-05 demo: tiny-base solves only along the optimal route (steps/optimal 1.000); the trained model's
     shared solves were 1.034 on average. Within the default 0.05 that passes; at tolerance 0 it blocks."""

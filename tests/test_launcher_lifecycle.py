@@ -261,7 +261,16 @@ def test_a_terminated_train_task_deletes_its_rayjob(small_mazes, tmp_path):
     assert f"stopped by SIGTERM: deleted RayJob {NS}/{job_name(RUN)}" in output.splitlines()[-1], output[-3000:]
 
 
-def test_ctrl_c_deletes_the_rayjob_too():
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C as a terminal delivers it: a process started in the background by a non-interactive shell inherits
+    SIGINT ignored, and Python then leaves it ignored (the signal would never arrive and the test would wait forever)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_deletes_the_rayjob_too(ctrl_c_raises):
     logs: list[str] = []
     with K8sAPIServer(ClusterState(script=[{"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}])) as srv:
 
