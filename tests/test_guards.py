@@ -124,30 +124,22 @@ def test_a_pipeline_run_with_a_negative_guard_tolerance_is_refused_before_it_sta
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("comparison.json"))
 
 
-@pytest.mark.parametrize("rounds", ["0", "-2", "three"])
-def test_bench_retraining_refuses_a_round_count_below_one(rounds, tmp_path):
+@pytest.mark.parametrize("script, option, value, allowed", [
+    ("bench_retraining.py", "--rounds", "0", ">= 1"), ("bench_retraining.py", "--rounds", "-2", ">= 1"),
+    ("bench_retraining.py", "--rounds", "three", ">= 1"),
+    ("bench_signals.py", "--variants", "", "baseline, revisit, dead-end"),
+    ("bench_signals.py", "--variants", "baseline,loops-off", "baseline, revisit, dead-end"),
+    ("bench_signals.py", "--variants", "nope", "baseline, revisit, dead-end")])
+def test_a_benchmark_refuses_a_bad_option_before_it_writes_anything(script, option, value, allowed, tmp_path):
     import subprocess
     import sys
 
     from conftest import ROOT
 
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_retraining.py"), "--rounds", rounds,
-                           "--out", str(tmp_path / "r")], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--rounds" in proc.stderr and ">= 1" in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
-
-
-@pytest.mark.parametrize("variants", ["", "baseline,loops-off", "nope"])
-def test_bench_signals_refuses_a_variant_it_does_not_have(variants, tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_signals.py"), "--variants", variants,
-                           "--out", str(tmp_path / "s")], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--variants" in proc.stderr and "baseline, revisit, dead-end" in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "s").exists()
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), option, value, "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and option in proc.stderr and allowed in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
 
 
 def test_routes_a_little_longer_than_an_optimal_base_pass_the_default_steps_tolerance():
