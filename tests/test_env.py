@@ -234,3 +234,17 @@ def test_dead_end_exit_bonus_is_paid_once_per_pocket_left():
     rewards = [env.step(act(a)).reward for a in ["down", "down", "down", "up", "left", "up", "up"]]  # into pocket 1, out
     assert env.stats.recovery_turns == [6]
     assert sum(rewards) == pytest.approx(0.3) and rewards.count(0.3) == 1
+
+
+def test_loop_penalty_charges_the_moves_that_make_a_loop_and_nothing_before():
+    env = MazeEnv(HAND_MAZE, EnvConfig(loop_penalty=0.2, max_turns=30))
+    env.reset()
+    # start (1,1), then (1,2) (1,1): a revisit, no loop yet; back to (1,2) completes A-B-A-B
+    rewards = [env.step(act(a)).reward for a in ["right", "left", "right", "up"]]
+    assert rewards == pytest.approx([0.0, 0.0, -0.2, 0.0])  # the bump (up) is no move and costs nothing
+    assert env.stats.loop and env.stats.loop_closures == 1
+    # (1,1) a third time, and a bounce again: one closure, charged once
+    assert env.step(act("left")).reward == pytest.approx(-0.2) and env.stats.loop_closures == 2
+    env = MazeEnv(HAND_MAZE)  # off by default
+    env.reset()
+    assert [env.step(act(a)).reward for a in ["right", "left", "right", "left"]] == [0.0] * 4

@@ -129,7 +129,9 @@ def test_a_pipeline_run_with_a_negative_guard_tolerance_is_refused_before_it_sta
     ("bench_retraining.py", "--rounds", "three", ">= 1"),
     ("bench_signals.py", "--variants", "", "baseline, revisit, dead-end"),
     ("bench_signals.py", "--variants", "baseline,loops-off", "baseline, revisit, dead-end"),
-    ("bench_signals.py", "--variants", "nope", "baseline, revisit, dead-end")])
+    ("bench_signals.py", "--variants", "nope", "baseline, revisit, dead-end"),
+    ("bench_signals.py", "--train-seeds", "1,x", "non-negative integers"),
+    ("bench_signals.py", "--train-seeds", "-1", "non-negative integers")])
 def test_a_benchmark_refuses_a_bad_option_before_it_writes_anything(script, option, value, allowed, tmp_path):
     import subprocess
     import sys

@@ -47,6 +47,10 @@ class EnvConfig(BaseModel):
     revisit_penalty: float = Field(
         0.0, ge=0.0, description="subtracted when a move enters a square this episode has already visited: going round "
         "in circles costs, while a dead end may still be backed out of (its way back is charged once per square)")
+    loop_penalty: float = Field(
+        0.0, ge=0.0, description="subtracted for each move that makes a loop as the loop flag defines it (a square's "
+        "third visit, or the move that completes an A-B-A-B bounce): going round in circles costs, a dead end backed "
+        "out of once does not")
     dead_end_exit_bonus: float = Field(
         0.0, ge=0.0, description="added when a move leaves a dead-end pocket: credit for recognising a dead end and "
         "backing out of it")
@@ -172,10 +176,12 @@ class MazeEnv:
             self.task.renderer.move_agent(self._frame, before, after)
             self.position = after
         tracker = self._tracker
-        revisits, recoveries = tracker.stats.revisits, len(tracker.stats.recovery_turns)
+        revisits, loops, recoveries = tracker.stats.revisits, tracker.stats.loop_closures, len(tracker.stats.recovery_turns)
         tracker.record(action, before, after, bumped)
         if tracker.stats.revisits > revisits:
             reward -= cfg.revisit_penalty
+        if tracker.stats.loop_closures > loops:
+            reward -= cfg.loop_penalty
         if len(tracker.stats.recovery_turns) > recoveries:
             reward += cfg.dead_end_exit_bonus
         turns = tracker.stats.turns

@@ -29,6 +29,7 @@ class EpisodeStats:
     revisits: int = 0
     max_visits: int = 1
     oscillation: bool = False
+    loop_closures: int = 0  # moves that made a loop: a square's 3rd (or later) visit, or the 4th square of A-B-A-B
     dead_end_entries: int = 0
     recovery_turns: list[int] = field(default_factory=list)
     unrecovered_dead_end: bool = False
@@ -92,7 +93,8 @@ class StatsTracker:
             st.max_visits = max(st.max_visits, seen + 1)
             if after == self._goal:
                 st.reached_goal = True
-            self._check_oscillation(after)
+            if self._check_oscillation(after) or seen + 1 >= 3:
+                st.loop_closures += 1
             in_pocket = bool(self._pockets[after])
             if in_pocket and self._pocket_since is None:
                 st.dead_end_entries += 1
@@ -105,14 +107,15 @@ class StatsTracker:
             st.success = after == self._goal
             st.premature_stop = not st.success
 
-    def _check_oscillation(self, after: Position) -> None:
-        # Only real moves count (bumps do not): A-B-A-B is four positions bouncing between two squares.
+    def _check_oscillation(self, after: Position) -> bool:
+        """Whether this move completes an A-B-A-B bounce. Only real moves count (bumps do not)."""
         recent = self._recent
         recent.append(after)
         if len(recent) > 4:
             del recent[0]
-        if len(recent) == 4 and recent[0] == recent[2] and recent[1] == recent[3]:
-            self.stats.oscillation = True
+        bounced = len(recent) == 4 and recent[0] == recent[2] and recent[1] == recent[3]
+        self.stats.oscillation |= bounced
+        return bounced
 
     def mark_goal_reached_success(self) -> None:
         """With terminate-on-goal shaping, arriving on the goal ends the episode as a success."""
