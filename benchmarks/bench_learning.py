@@ -1,8 +1,12 @@
 """Does GRPO make tiny-base better, and how fast? GRPO for a time budget from the shipped base,
-greedy success on a fixed set of held-out mazes every few minutes, then a paired comparison.
+greedy success on a fixed set of held-out mazes every few minutes, then the pipeline's own evaluation of the
+base and the final model and its guarded gate.
 
 The held-out mazes are the `default` preset's (frozen, never in pretraining or GRPO data: checked
 here by walls hash before anything runs). Success is what is measured, never the shaped reward.
+The final judgement is `workflow.evaluate` (500 heldout mazes, 100 of each shift split, VisGym easy-64 and
+hard-64 in full) of both models and `workflow.compare` with the shipped guard settings: every split's gain
+with its interval and McNemar p, loops, and whether the pipeline would have promoted the model.
 Writes OUT/learning.json and the curve as a PNG (default docs/learning_curve.png).
 
 Usage (the issue's benchmark: 60 minutes, 500 mazes, every 5 minutes):
@@ -16,6 +20,7 @@ unstable near step 100. docs/BENCHMARKS.md, "GRPO learning: the hour"; docs/hist
 `--steps` is the run's length in GRPO steps, and so the horizon of the config's learning-rate schedule
 (tiny-grpo: cosine); `--minutes` stops the run early, with a checkpoint, on a machine slower than the
 steps assume (the schedule is then fitted to the deadline: `fit_schedule_to_max_minutes`).
+`--train-data` trains on another train split (e.g. a pool of mixed sizes) with the same evaluation mazes.
 """
 
 from __future__ import annotations
@@ -50,18 +55,41 @@ def greedy_play(policy: PolicyConfig, split: Path, n: int) -> tuple[list[bool], 
     return [bool(t.stats.success) for t in trajs], side
 
 
-def check_unseen(mazes: Path, model: str) -> dict:
+def check_unseen(mazes: Path, train_data: Path, model: str) -> dict:
     """No evaluation layout in GRPO's pool or in the base's pretraining pool (walls, up to symmetry)."""
     from mazerl.rl.pretrain import POOL_FILE
 
     heldout = set(read_split(mazes / "heldout.parquet").walls_hash)
-    train = set(read_split(mazes / "train.parquet").walls_hash)
+    train = set(read_split(train_data).walls_hash)
     assert not heldout & train, "GRPO's train split shares layouts with heldout"
     pool_file = Path(model) / POOL_FILE
     pretrain = set(read_split(pool_file).walls_hash) if pool_file.exists() else set()
     assert not heldout & pretrain, "the base's pretraining pool shares layouts with heldout"
     return {"heldout_layouts": len(heldout), "grpo_train_layouts": len(train), "pretraining_layouts": len(pretrain),
             "overlap": 0}
+
+
+def pipeline_gate(base_model: str, final: Path, mazes: Path, out: Path, grpo_config: str) -> dict:
+    """Both models evaluated as the pipeline evaluates them and judged by its guarded gate (shipped settings)."""
+    from mazerl.profiles import load_profile
+    from mazerl.workflow import compare, evaluate
+
+    sizes = load_profile("local").pipeline  # what the demo evaluates
+    for label, model in (("base", base_model), ("final", str(final))):
+        evaluate(model, str(mazes), str(out / f"eval-{label}"), sizes.eval_heldout_mazes, sizes.eval_other_mazes,
+                 config=grpo_config, label=label)
+    result = compare(str(out / "eval-base"), str(out / "eval-final"), str(out / "compare"), min_gain=0.0, max_p_value=0.05)
+    keep = ("mazes", "success_base", "success_new", "success_diff", "success_diff_ci95", "mcnemar_p",
+            "loop_rate_base", "loop_rate_new", "loop_mcnemar_p")
+    gate = {"splits": {name: {k: row[k] for k in keep} for name, row in result["splits"].items()},
+            "promoted": result["decision"]["improved"], "blocked_by": result["decision"]["blocked_by"],
+            "undecided": result["decision"]["undecided"], "comparison": str(out / "compare" / "comparison.json")}
+    for name, row in gate["splits"].items():
+        print(f"{name}: {row['success_base']:.3f} -> {row['success_new']:.3f} ({100 * row['success_diff']:+.1f} points, "
+              f"p = {row['mcnemar_p']:.2g}); loops {row['loop_rate_base']:.3f} -> {row['loop_rate_new']:.3f} "
+              f"(p = {row['loop_mcnemar_p']:.2g})", flush=True)
+    print("gate: " + ("promoted" if gate["promoted"] else f"not promoted (blocked by {', '.join(gate['blocked_by'])})"))
+    return gate
 
 
 def plot(curve: list[dict], base_rate: float, path: Path) -> None:
@@ -90,6 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-base", help="base model (default: the shipped tiny-base)")
     ap.add_argument("--mazes", type=Path, help="dataset directory (default: generate the default preset into OUT/mazes)")
+    ap.add_argument("--train-data", type=Path, help="train split parquet (default: the dataset's train.parquet)")
     ap.add_argument("--grpo-config", default="tiny-grpo")
     ap.add_argument("--minutes", type=float, default=60.0, help="training minutes at most (evaluations not counted)")
     ap.add_argument("--steps", type=int, default=250, help="GRPO steps: the learning-rate schedule's horizon")
@@ -110,12 +139,12 @@ def main() -> None:
         if not (mazes / "manifest.json").exists():
             generate_dataset(preset("default"), mazes, reference_file(), overwrite=True)
     cfg = load_config(GRPOConfig, args.grpo_config, {
-        "policy.model": args.model, "train_data": str(mazes / "train.parquet"),
+        "policy.model": args.model, "train_data": str(args.train_data or mazes / "train.parquet"),
         "eval_data": str(mazes / "heldout.parquet"), "output_dir": str(args.out / "grpo"),
         "steps": args.steps, "max_minutes": args.minutes, "eval_every": 0,
         "eval_every_minutes": args.eval_every_minutes, "eval_mazes": args.eval_mazes, **parse_overrides(args.set),
     })
-    unseen = check_unseen(mazes, cfg.policy.model)
+    unseen = check_unseen(mazes, Path(cfg.train_data), cfg.policy.model)
     heldout = mazes / "heldout.parquet"
     base, base_side = greedy_play(cfg.policy, heldout, args.eval_mazes)
     print(f"base: {sum(base)}/{len(base)} greedy successes", flush=True)
@@ -151,6 +180,7 @@ def main() -> None:
                        "mcnemar_p": cmp.p_value, "only_base": cmp.only_base, "only_grpo": cmp.only_new},
         "grpo_steps": last.get("step"), "grpo_training_minutes": last.get("time/training_total", 0) / 60,
         "wall_minutes_incl_evals": wall / 60, "curve": curve, "png": str(args.png),
+        "gate": pipeline_gate(cfg.policy.model, args.out / "grpo" / "final", mazes, args.out, args.grpo_config),
         "config": cfg.model_dump(mode="json"),
     }
     write_json(args.out / "learning.json", result)

@@ -1,15 +1,15 @@
 """Scheduled retraining, rounds back to back: does each round start from the last promoted model and
 improve on it?
 
-    python benchmarks/bench_retraining.py --rounds 3 [--config default|smoke] [--out DIR]
+    python benchmarks/bench_retraining.py --rounds 3 [--config default|smoke] [--param KEY=VALUE] [--out DIR] [--png PATH]
 
 Each round is `mazerl pipeline run --profile local` in DIR (one registry for all rounds), exactly as a
 recurring run does it: `resolve-model` starts from the registry's last promoted model (tiny-base in round
 1), the train seed is drawn from the run id (a fresh one each round), the evaluation splits are the same
 frozen files, and the guarded gate decides. A round that is not promoted leaves the registry as it was,
 so the next round starts from the same model. Writes DIR/retraining.json (each round's start model,
-decision, blocking guards, heldout success and loop rate, VisGym hard-64 success) and
-DIR/retraining.png (success and loops per round).
+decision, blocking guards, heldout success and loop rate, VisGym hard-64 success) and the curve (success and
+loops per round; --png, default DIR/retraining.png), and prints a Markdown table of the rounds.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ def positive(text: str) -> int:
     return value
 
 
+def key_value(text: str) -> str:
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--param {text!r}: give KEY=VALUE, a pipeline parameter and its value")
+    return text
+
+
 def latest_run(root: Path, before: set[Path]) -> Path | None:
     runs = sorted(set(root.glob("outputs/pipeline/runs/mazerl-*")) - before)
     return runs[-1] if runs else None
@@ -52,6 +59,19 @@ def round_record(run_dir: Path) -> dict:
             "heldout_base": held["success_base"], "heldout_new": held["success_new"], "heldout_p": held["mcnemar_p"],
             "loop_base": held["loop_rate_base"], "loop_new": held["loop_rate_new"], "loop_p": held["loop_mcnemar_p"],
             "hard64_base": hard.get("success_base"), "hard64_new": hard.get("success_new")}
+
+
+def table(rounds: list[dict]) -> str:
+    lines = ["| round | start | minutes | heldout success (p) | heldout loops (p) | hard-64 | decision |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rounds:
+        decision = "promoted" if r["promoted"] else (
+            f"blocked by {', '.join(r['blocked_by'])}" if r["blocked_by"] else "not promoted: gain not significant")
+        hard = (f"{r['hard64_base']:.3f} -> {r['hard64_new']:.3f}" if r["hard64_base"] is not None else "-")
+        lines.append(f"| {r['round']} | {Path(r['start_model']).name} | {r['seconds'] / 60:.1f} | "
+                     f"{r['heldout_base']:.3f} -> {r['heldout_new']:.3f} ({r['heldout_p']:.2g}) | "
+                     f"{r['loop_base']:.3f} -> {r['loop_new']:.3f} ({r['loop_p']:.2g}) | {hard} | {decision} |")
+    return "\n".join(lines)
 
 
 def plot(rounds: list[dict], path: Path) -> None:
@@ -81,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive, required=True)
     parser.add_argument("--config", choices=["default", "smoke"], default="default")
     parser.add_argument("--out", type=Path, default=Path("outputs/retraining"))
+    parser.add_argument("--png", type=Path, help="where the curve goes (default: OUT/retraining.png)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", type=key_value,
+                        help="pipeline parameter for every round (mazerl pipeline run --param), e.g. grpo_steps=200")
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(1, args.rounds + 1):
         before = set(out.glob("outputs/pipeline/runs/mazerl-*"))
         t0 = time.time()
-        proc = subprocess.run([*mazerl.split(), "pipeline", "run", "--profile", "local", "--config", args.config],
+        params = [a for kv in args.param for a in ("--param", kv)]
+        proc = subprocess.run([*mazerl.split(), "pipeline", "run", "--profile", "local", "--config", args.config, *params],
                               cwd=out, capture_output=True, text=True)
         run_dir = latest_run(out, before)
         if run_dir is None or not (run_dir / "compare" / "result" / "comparison.json").is_file():
@@ -101,12 +125,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{record['heldout_new']:.3f} (p = {record['heldout_p']:.3g}), loops {record['loop_base']:.3f} -> "
               f"{record['loop_new']:.3f}; {'promoted' if record['promoted'] else 'not promoted'}"
               + (f" (blocked by {', '.join(record['blocked_by'])})" if record["blocked_by"] else ""), flush=True)
-        (out / "retraining.json").write_text(json.dumps({"config": args.config, "rounds": rounds}, indent=2) + "\n")
-    plot(rounds, out / "retraining.png")
+        (out / "retraining.json").write_text(json.dumps({"config": args.config, "params": args.param, "rounds": rounds}, indent=2) + "\n")
+    png = args.png or out / "retraining.png"
+    plot(rounds, png)
+    print(table(rounds))
     first = rounds[0]["heldout_base"]
-    best = max([first] + [r["heldout_new"] for r in rounds if r["promoted"]])
-    print(f"last promoted model vs the start: heldout {first:.3f} -> {best:.3f} ({(best - first) * 100:+.1f} points); "
-          f"{out / 'retraining.json'}, {out / 'retraining.png'}")
+    promoted = [r["heldout_new"] for r in rounds if r["promoted"]]
+    last = promoted[-1] if promoted else first
+    print(f"last promoted model vs the start: heldout {first:.3f} -> {last:.3f} ({(last - first) * 100:+.1f} points); "
+          f"{out / 'retraining.json'}, {png}")
     return 0
 
 

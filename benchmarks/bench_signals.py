@@ -1,9 +1,10 @@
-"""Training signals side by side: which of the critics' questions, put as reward, changes what GRPO learns?
+"""Training signals side by side: which of the critics' questions, put as training signal, changes what GRPO learns?
 
-    python benchmarks/bench_signals.py [--variants baseline,loop,...] [--train-seeds 1,2,3] [--steps 120] [--out DIR]
+    python benchmarks/bench_signals.py [--variants baseline,no-loop-penalty,...] [--train-seeds 1,2,3] [--steps 120] [--out DIR]
 
 Every variant is the shipped `tiny-grpo` job (the demo's GRPO) from the shipped tiny-base on the same
-`default` dataset and the same train seeds, changed only by its overrides (VARIANTS below), and every one
+`default` dataset and the same train seeds, changed only by its overrides (VARIANTS below: a reward term, the
+history the policy sees, a curriculum) or its train split (TRAIN_POOLS: mixed maze sizes), and every one
 trains the same number of steps (the time cap is lifted: a variant is never cut short by a busy machine). Each trained
 model is evaluated as the pipeline evaluates it (`workflow.evaluate`: 500 heldout mazes, 100 of each shift
 split, VisGym easy-64 and hard-64 in full) and compared with tiny-base by the pipeline's guarded gate
@@ -16,21 +17,31 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 # name -> GRPO config overrides on top of tiny-grpo (the reward terms are EnvConfig's, envs/maze_env.py)
 VARIANTS: dict[str, dict[str, object]] = {
     "baseline": {},
+    "no-loop-penalty": {"env.loop_penalty": 0.0},
     "revisit": {"env.revisit_penalty": 0.05},
     "dead-end": {"env.dead_end_exit_bonus": 0.1},
     "both": {"env.revisit_penalty": 0.05, "env.dead_end_exit_bonus": 0.1},
-    "loop": {"env.loop_penalty": 0.3},
     "mazes-32": {"mazes_per_step": 32},
     # the lost phase played (and trained on) instead of cut at the moment the goal goes out of reach
     "play-lost": {"env.end_when_out_of_reach": False},
+    # two earlier turns in every prompt (replies and feedback; the image of the current turn only)
+    "history-2": {"policy.history": {"turns": 2, "images": 1}},
+    # the mixed pool (TRAIN_POOLS), easy mazes first: a quarter of the pool (fewest optimal moves) at step 1
+    "mixed-sizes": {},
+    "mixed-curriculum": {"curriculum_start": 0.25},
 }
-HELDOUT_MAZES, OTHER_MAZES = 500, 100  # the local profile's evaluation sizes
+# name -> the train split a variant trains on instead of the default preset's (same eval_seed: the evaluation
+# splits are the very same files' mazes; the pool excludes their layouts as every train split does)
+TRAIN_POOLS: dict[str, dict] = {
+    # VisGym's two levels: easy (4x4) with its 18-turn limit, hard (5x5) with the default budget like hard-64's
+    "mixed-sizes": {"count": 2000, "sizes": ["visgym-easy", "visgym-hard"], "max_turns": {"visgym-easy": 18}},
+    "mixed-curriculum": {"count": 2000, "sizes": ["visgym-easy", "visgym-hard"], "max_turns": {"visgym-easy": 18}},
+}
 
 
 def variant_names(text: str) -> list[str]:
@@ -49,6 +60,24 @@ def train_seeds(text: str) -> list[int]:
     if not seeds or any(s < 0 for s in seeds):
         raise argparse.ArgumentTypeError(f"--train-seeds {text!r}: give non-negative integers, comma separated")
     return seeds
+
+
+def train_pool(name: str, mazes: Path, out: Path) -> Path:
+    """The variant's train split, generated beside the default dataset with the same evaluation splits."""
+    from mazerl.mazes.dataset_io import read_split
+    from mazerl.mazes.splits import TRAIN_SPLIT, SplitSpec, generate_dataset, preset
+    from mazerl.mazes.visgym import reference_file
+
+    if not (out / "manifest.json").exists():
+        cfg = preset("default")
+        cfg.splits[TRAIN_SPLIT] = SplitSpec.model_validate(TRAIN_POOLS[name])
+        generate_dataset(cfg, out, reference_file(), overwrite=True)
+    ours, theirs = (json.loads((d / "manifest.json").read_text())["eval_splits_hash"] for d in (out, mazes))
+    if ours != theirs:
+        raise SystemExit(f"{out}: its evaluation splits differ from {mazes}'s: the variants would not be comparable")
+    sizes = read_split(out / "train.parquet").height.value_counts().to_dict()
+    print(f"{name}: train pool {out / 'train.parquet'}: grid sizes {sizes}", flush=True)
+    return out / "train.parquet"
 
 
 def row(name: str, seed: int, comparison: dict, minutes: float, steps: int | None) -> dict:
@@ -84,40 +113,62 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("outputs/bench-signals"))
     args = ap.parse_args(argv)
 
+    import yaml
+
+    from mazerl.atomic import write_text
     from mazerl.config import load_config
+    from mazerl.metrics import read_metrics
     from mazerl.mazes.splits import generate_dataset, preset
     from mazerl.mazes.visgym import reference_file
+    from mazerl.profiles import load_profile
     from mazerl.rl.config import GRPOConfig
     from mazerl.rl.trainer import GRPOTrainer
     from mazerl.workflow import compare, evaluate
 
     out = args.out.resolve()
+    sizes = load_profile("local").pipeline  # what the demo evaluates
+    heldout_mazes, other_mazes = sizes.eval_heldout_mazes, sizes.eval_other_mazes
     mazes = out / "mazes"
     if not (mazes / "manifest.json").exists():
         generate_dataset(preset("default"), mazes, reference_file(), overwrite=True)
     base_eval = out / "eval-base"
     if not (base_eval / "summary.json").exists():
-        evaluate("tiny-base", str(mazes), str(base_eval), HELDOUT_MAZES, OTHER_MAZES, config="tiny-grpo",
+        evaluate("tiny-base", str(mazes), str(base_eval), heldout_mazes, other_mazes, config="tiny-grpo",
                  label="tiny-base")
-    rows: list[dict] = []
+    # rows of earlier invocations with the same step count are kept (a variant and seed measured again replace theirs)
+    record_file = out / "signals.json"
+    earlier = json.loads(record_file.read_text()) if record_file.exists() else {}
+    rows: list[dict] = earlier.get("variants", []) if earlier.get("steps") == args.steps else []
     for name in args.variants:
         for seed in args.train_seeds:
             run = out / f"{name}-s{seed}"
+            train_data = mazes / "train.parquet"
+            if name in TRAIN_POOLS:
+                train_data = train_pool(name, mazes, out / f"mazes-{name}")
             cfg = load_config(GRPOConfig, "tiny-grpo", {
-                "policy.model": "tiny-base", "train_data": str(mazes / "train.parquet"),
+                "policy.model": "tiny-base", "train_data": str(train_data),
                 "eval_data": str(mazes / "heldout.parquet"), "output_dir": str(run / "grpo"), "steps": args.steps,
                 "seed": seed, "eval_every": 0, "max_minutes": 120.0, **VARIANTS[name]})
-            t0 = time.perf_counter()
-            record = GRPOTrainer(cfg).run(resume="never", overwrite=True)
-            minutes = (time.perf_counter() - t0) / 60
-            evaluate(str(run / "grpo" / "final"), str(mazes), str(run / "eval"), HELDOUT_MAZES, OTHER_MAZES,
-                     config="tiny-grpo", label=name)
-            comparison = compare(str(base_eval), str(run / "eval"), str(run / "compare"), min_gain=0.0,
+            # resume="auto": an interrupted variant goes on from its last checkpoint, a finished one is not trained again
+            GRPOTrainer(cfg).run(resume="auto", overwrite=True)
+            last = read_metrics(run / "grpo" / "metrics.jsonl")[-1]
+            # the job as the variant ran it: both models are shown the mazes as it shows them (its history, say)
+            job = run / "job.yaml"
+            write_text(job, yaml.safe_dump(cfg.model_dump(mode="json")))
+            judge_base = base_eval
+            if any(k.startswith("policy.") for k in VARIANTS[name]):
+                judge_base = out / f"eval-base-{name}"
+                if not (judge_base / "summary.json").exists():
+                    evaluate("tiny-base", str(mazes), str(judge_base), heldout_mazes, other_mazes, config=str(job),
+                             label="tiny-base")
+            evaluate(str(run / "grpo" / "final"), str(mazes), str(run / "eval"), heldout_mazes, other_mazes,
+                     config=str(job), label=name)
+            comparison = compare(str(judge_base), str(run / "eval"), str(run / "compare"), min_gain=0.0,
                                  max_p_value=0.05)
-            rows.append(row(name, seed, comparison, minutes, record.get("step") if isinstance(record, dict) else None))
+            rows = [r for r in rows if (r["variant"], r["train_seed"]) != (name, seed)]
+            rows.append(row(name, seed, comparison, last["time/training_total"] / 60, last["step"]))
             print(table(rows[-1:]), flush=True)
-            (out / "signals.json").write_text(json.dumps({"steps": args.steps, "train_seeds": args.train_seeds,
-                                                          "variants": rows}, indent=2) + "\n")
+            write_text(record_file, json.dumps({"steps": args.steps, "variants": rows}, indent=2) + "\n")
     print(table(rows))
     return 0
 

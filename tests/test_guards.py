@@ -126,10 +126,10 @@ def test_a_pipeline_run_with_a_negative_guard_tolerance_is_refused_before_it_sta
 
 @pytest.mark.parametrize("script, option, value, allowed", [
     ("bench_retraining.py", "--rounds", "0", ">= 1"), ("bench_retraining.py", "--rounds", "-2", ">= 1"),
-    ("bench_retraining.py", "--rounds", "three", ">= 1"),
-    ("bench_signals.py", "--variants", "", "baseline, revisit, dead-end"),
-    ("bench_signals.py", "--variants", "baseline,loops-off", "baseline, revisit, dead-end"),
-    ("bench_signals.py", "--variants", "nope", "baseline, revisit, dead-end"),
+    ("bench_retraining.py", "--rounds", "three", ">= 1"), ("bench_retraining.py", "--param", "grpo_steps", "KEY=VALUE"),
+    ("bench_signals.py", "--variants", "", "baseline, no-loop-penalty, revisit"),
+    ("bench_signals.py", "--variants", "baseline,loops-off", "baseline, no-loop-penalty, revisit"),
+    ("bench_signals.py", "--variants", "nope", "baseline, no-loop-penalty, revisit"),
     ("bench_signals.py", "--train-seeds", "1,x", "non-negative integers"),
     ("bench_signals.py", "--train-seeds", "-1", "non-negative integers")])
 def test_a_benchmark_refuses_a_bad_option_before_it_writes_anything(script, option, value, allowed, tmp_path):

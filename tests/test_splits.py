@@ -88,6 +88,25 @@ def test_split_turn_budgets(dataset):
     assert (read_split(out / "heldout.parquet").max_turns == 18).all()
 
 
+def test_a_budget_per_size_keeps_each_size_to_its_own(tmp_path):
+    """A pool of two sizes: 18 turns at VisGym-easy size, the default rule at 5x5 (a single 18 would keep only the
+    5x5 mazes whose route is the shortest possible, 16 moves)."""
+    cfg = small_config(splits={"train": {"count": 30, "sizes": ["visgym-easy", "5x5"], "max_turns": {"4x4": 18}}})
+    generate_dataset(cfg, tmp_path / "m")
+    df = read_split(tmp_path / "m" / "train.parquet")
+    easy, hard = df[df.height == 9], df[df.height == 11]
+    assert len(easy) == len(hard) == 30
+    assert (easy.max_turns == 18).all()
+    assert (hard.max_turns == [max(2 * o, o + 10) for o in hard.shortest_path_moves]).all()
+    assert hard.shortest_path_moves.max() > 17  # not filtered down to what 18 turns allow
+
+
+@pytest.mark.parametrize("budget, named", [({"6x6": 20}, "6x6"), ({"4x4": 1}, "2 or more"), ({"huge": 20}, "huge")])
+def test_a_bad_budget_per_size_is_named(budget, named):
+    with pytest.raises(ValidationError, match=named):
+        SplitSpec(count=3, sizes=["4x4", "5x5"], max_turns=budget)
+
+
 def test_same_config_same_bytes_any_worker_count(tmp_path, visgym_fixture):
     a = generate_dataset(small_config(), tmp_path / "a", visgym_fixture, workers=1)
     b = generate_dataset(small_config(), tmp_path / "b", visgym_fixture, workers=2)

@@ -30,7 +30,7 @@ from ..mazes.seeding import derive_seed
 from ..metrics import MetricsWriter
 from ..rl.checkpoint import CheckpointManager
 from ..rl.config import GRPOConfig
-from ..rl.data import MazeSampler
+from ..rl.data import train_sampler
 from ..rl.driver import GRPODriver, episode_metrics, update_stats
 from ..rl.precision import mixed_precision, report_autocast
 from ..storage import CheckpointMirror
@@ -465,7 +465,7 @@ class RayGRPO(GRPODriver):
         from ..cluster.plan import resolve_prompt_limits
 
         self.cfg = cfg = resolve_prompt_limits(cfg, self.train_df)  # vLLM's per-prompt limits, for the actors' engines
-        self.sampler = MazeSampler(len(self.train_df), cfg.seed)
+        self.sampler = train_sampler(self.train_df, cfg.seed, cfg.curriculum_start, cfg.steps)
         self.checkpoints = CheckpointManager(self.out / "checkpoints", cfg.keep_checkpoints)
         self.mirror = self.checkpoint_mirror(cfg, self.out)
         self._start()

@@ -50,8 +50,9 @@ class SplitSpec(BaseModel):
     algorithms: list[str] = Field(default_factory=lambda: ["wilson"])
     placement: Literal["visgym-corners", "random", "dead-ends"] = "visgym-corners"
     min_moves: int = Field(1, ge=1)
-    max_turns: TurnBudget | None = Field(
-        None, ge=2, description="turn budget; mazes it cannot solve (optimal + stop > budget) are not drawn; default max(2*optimal, optimal+10)"
+    max_turns: TurnBudget | dict[str, TurnBudget] | None = Field(
+        None, description="turn budget, for every size or per size ({'4x4': 18}: a size it does not name gets the "
+        "default); mazes it cannot solve (optimal + stop > budget) are not drawn; default max(2*optimal, optimal+10)"
     )
     render: list[RenderOptions] = Field(default_factory=lambda: [RenderOptions()], min_length=1)
     derived_from: str | None = Field(None, description="redraw layouts sampled from this split")
@@ -65,6 +66,40 @@ class SplitSpec(BaseModel):
             return [parse_size(s) for s in v]
         except MazeError as err:
             raise ValueError(str(err)) from None
+
+    @field_validator("max_turns", mode="before")
+    @classmethod
+    def _budgets(cls, v):
+        if isinstance(v, dict):  # keys as 'RxC', whatever form of size was given
+            try:
+                return {"{}x{}".format(*parse_size(k)): n for k, n in v.items()}
+            except MazeError as err:
+                raise ValueError(f"max_turns names a size it cannot read: {err}") from None
+        return v
+
+    @field_validator("max_turns", mode="after")
+    @classmethod
+    def _budget_at_least_two(cls, v):
+        for n in (v.values() if isinstance(v, dict) else [v] if v is not None else []):
+            if n < 2:
+                raise ValueError(f"a turn budget of {n} leaves no turn for a move and the stop: give 2 or more")
+        return v
+
+    def budget(self, cells: tuple[int, int]) -> int | None:
+        """The turn budget of this split's mazes of `cells` (rows, cols), or None for the default rule."""
+        if isinstance(self.max_turns, dict):
+            return self.max_turns.get(f"{cells[0]}x{cells[1]}")
+        return self.max_turns
+
+    @model_validator(mode="after")
+    def _budget_sizes(self):
+        if isinstance(self.max_turns, dict):
+            named = {f"{r}x{c}" for r, c in self.sizes}
+            extra = sorted(set(self.max_turns) - named)
+            if extra:
+                raise ValueError(f"max_turns gives a budget for {', '.join(extra)}, which is not among the split's sizes "
+                                 f"({', '.join(sorted(named))})")
+        return self
 
     @model_validator(mode="after")
     def _min_moves_possible(self):
@@ -251,6 +286,7 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
     rows: list[dict] = []
     for cells in spec.sizes:
         size_name = f"{cells[0]}x{cells[1]}"
+        budget = spec.budget(cells)
         for algorithm in spec.algorithms:
             accepted = 0
             limit = spec.count * attempts_per_maze
@@ -264,13 +300,13 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
                 ident = (wh, lh)[key]
                 if ident in seen:
                     continue
-                if spec.max_turns is not None and optimal + 1 > spec.max_turns:
+                if budget is not None and optimal + 1 > budget:
                     too_long += 1  # unsolvable within the split's turn budget (optimal moves + stop)
                     continue
                 seen.add(ident)
                 render = spec.render[accepted % len(spec.render)]
                 maze_id = f"{name}-{size_name}-{algorithm}-{index:06d}"
-                rows.append(_row(maze_id, name, maze, spec.placement, spec.max_turns, render, hashes=(lh, wh)))
+                rows.append(_row(maze_id, name, maze, spec.placement, budget, render, hashes=(lh, wh)))
                 accepted += 1
                 progress(1)
                 if accepted == spec.count:
@@ -279,7 +315,7 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
                 raise MazeError(
                     f"split {name!r} ({size_name}, {algorithm}): found only {accepted} unique layouts of "
                     f"{spec.count} requested after {tried} draws ({too_long} needed more than max_turns = "
-                    f"{spec.max_turns} turns; the other splits hold {len(seen) - accepted} layouts); "
+                    f"{budget} turns; the other splits hold {len(seen) - accepted} layouts); "
                     "lower the count, raise max_turns, use a larger size, or set dedup: layout"
                 )
     return rows
@@ -298,8 +334,9 @@ def _derive_split(name: str, spec: SplitSpec, source_rows: list[dict], base_seed
         src["maze_id"] = f"{name}-{k:06d}"
         src["split"] = name
         src["source_split"] = spec.derived_from
-        if spec.max_turns is not None:
-            src["max_turns"] = spec.max_turns
+        budget = spec.budget(((src["height"] - 1) // 2, (src["width"] - 1) // 2))
+        if budget is not None:
+            src["max_turns"] = budget
         rows.append(src)
     return rows
 

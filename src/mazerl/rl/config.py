@@ -104,6 +104,10 @@ class GRPOConfig(BaseModel):
         False, description="train only on turns whose advantage is not 0 (e.g. a state where every move of the group "
         "was the same, with turn_baseline 'state'): the same policy gradient at less cost; refused with kl_coef > 0, "
         "whose term those turns still carry")
+    curriculum_start: float | None = Field(
+        None, gt=0.0, le=1.0, description="easy mazes first: step 1 draws from this fraction of the train split with the "
+        "fewest optimal moves, a share that grows linearly to the whole split at the last step (None: shuffled epochs of "
+        "the whole split from the start)")
     temperature: Temperature = Field(1.0, description="sampling temperature of the rollouts (greedy 0 is not allowed: "
                                      "a group's samples would all be the same)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)

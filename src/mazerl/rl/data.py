@@ -1,4 +1,4 @@
-"""Which mazes each step trains on: a seeded, resumable walk through shuffled epochs of the pool."""
+"""Which mazes each step trains on: a seeded, resumable walk through shuffled epochs of the pool, or a curriculum."""
 
 from __future__ import annotations
 
@@ -47,3 +47,54 @@ class MazeSampler:
             )
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
         self._order = self._permutation(self.epoch)
+
+
+class CurriculumSampler:
+    """Easy mazes first: step s draws its mazes from the easiest part of the pool, which grows linearly from
+    `start_fraction` of it at step 1 to all of it at step `horizon`. Easy is fewer optimal moves (then the smaller
+    maze). Each step's draw depends only on (seed, step), so the step count is the whole state: resume neither
+    skips nor repeats."""
+
+    def __init__(self, difficulty: list[tuple[int, int]], seed: int, start_fraction: float, horizon: int):
+        if not difficulty:
+            raise ValueError("the training split is empty")
+        self.n_rows = len(difficulty)
+        self.seed = seed
+        self.start_fraction = start_fraction
+        self.horizon = max(1, horizon)
+        self.order = sorted(range(self.n_rows), key=lambda i: (difficulty[i], i))
+        self.step = 0
+
+    def available(self, step: int) -> int:
+        """How many of the easiest mazes step `step` (1-based) may draw from."""
+        grown = self.start_fraction + (1 - self.start_fraction) * min(1.0, (step - 1) / max(1, self.horizon - 1))
+        return max(1, min(self.n_rows, round(grown * self.n_rows)))
+
+    def next(self, k: int) -> list[int]:
+        self.step += 1
+        n = self.available(self.step)
+        rng = random.Random(derive_seed(self.seed, "curriculum", self.step))
+        picks: list[int] = []
+        while len(picks) < k:  # without replacement within a step, unless it wants more than are available
+            picks += rng.sample(range(n), min(n, k - len(picks)))
+        return [self.order[i] for i in picks]
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "n_rows": self.n_rows, "seed": self.seed, "start_fraction": self.start_fraction,
+                "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        differs = [k for k in ("n_rows", "seed", "start_fraction", "horizon") if state.get(k) != mine[k]]
+        if differs:
+            raise ValueError(f"sampler state is for {', '.join(f'{k} {state.get(k)}' for k in differs)}; this run has "
+                             f"{', '.join(f'{k} {mine[k]}' for k in differs)}")
+        self.step = int(state["step"])
+
+
+def train_sampler(train_df, seed: int, curriculum_start: float | None, horizon: int):
+    """The walk through the train split that GRPO's steps take: shuffled epochs, or a curriculum (easy first)."""
+    if curriculum_start is None:
+        return MazeSampler(len(train_df), seed)
+    difficulty = list(zip(train_df["shortest_path_moves"].astype(int), (train_df["height"] * train_df["width"]).astype(int)))
+    return CurriculumSampler(difficulty, seed, curriculum_start, horizon)

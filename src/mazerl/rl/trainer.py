@@ -36,7 +36,7 @@ from ..integrity import verify
 from .checkpoint import CheckpointManager, load_model_weights, load_trainer_state
 from .common import greedy_success, refuse_inputs_in_run_files, rng_state, seed_everything, set_rng_state, training_inputs
 from .config import GRPOConfig
-from .data import MazeSampler
+from .data import train_sampler
 from .driver import GRPODriver, StaleRolloutError, episode_metrics, turn_state_keys, update_stats  # noqa: F401 (re-exported)
 from .optim import set_schedule_horizon
 from .precision import mixed_precision, report_autocast
@@ -95,7 +95,7 @@ class GRPOTrainer(GRPODriver):
                 p.requires_grad_(False)
         self.chat = self.tp.chat
         self.train_df = read_split(cfg.train_data)
-        self.sampler = MazeSampler(len(self.train_df), cfg.seed)
+        self.sampler = train_sampler(self.train_df, cfg.seed, cfg.curriculum_start, cfg.steps)
         self.worker = PolicyWorker(self.model, self.chat, self.tp.reply_choices, cfg,
                                    total_optimizer_steps=cfg.steps * cfg.optimizer_steps_per_step)
         self.optimizer, self.scheduler = self.worker.optimizer, self.worker.scheduler
