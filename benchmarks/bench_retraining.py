@@ -65,8 +65,7 @@ def table(rounds: list[dict]) -> str:
     lines = ["| round | start | minutes | heldout success (p) | heldout loops (p) | hard-64 | decision |",
              "|---|---|---|---|---|---|---|"]
     for r in rounds:
-        decision = "promoted" if r["promoted"] else (
-            f"blocked by {', '.join(r['blocked_by'])}" if r["blocked_by"] else "not promoted: gain not significant")
+        decision = decision_label(r)
         hard = (f"{r['hard64_base']:.3f} -> {r['hard64_new']:.3f}" if r["hard64_base"] is not None else "-")
         lines.append(f"| {r['round']} | {Path(r['start_model']).name} | {r['seconds'] / 60:.1f} | "
                      f"{r['heldout_base']:.3f} -> {r['heldout_new']:.3f} ({r['heldout_p']:.2g}) | "
@@ -74,37 +73,61 @@ def table(rounds: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def decision_label(r: dict) -> str:
+    if r["promoted"]:
+        return "promoted"
+    return f"blocked: {', '.join(r['blocked_by'])}" if r["blocked_by"] else "not significant"
+
+
 def plot(rounds: list[dict], path: Path) -> None:
+    """Each round's candidate (filled: promoted, hollow: not) and the registry's model after the round (the line
+    the next round starts from), heldout success and loop rate, with the +30-point target."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     x = list(range(len(rounds) + 1))
-    success = [rounds[0]["heldout_base"]] + [r["heldout_new"] for r in rounds]
-    loops = [rounds[0]["loop_base"]] + [r["loop_new"] for r in rounds]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(x, success, "o-", label="heldout success")
-    ax.plot(x, loops, "s--", label="heldout loop rate")
+    base_success, base_loops = rounds[0]["heldout_base"], rounds[0]["loop_base"]
+    registry_success, registry_loops = [base_success], [base_loops]
+    for r in rounds:  # a round that is not promoted leaves the registry's model as it was
+        registry_success.append(r["heldout_new"] if r["promoted"] else registry_success[-1])
+        registry_loops.append(r["loop_new"] if r["promoted"] else registry_loops[-1])
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
+    ax.step(x, registry_success, "-", where="post", color="tab:blue", label="heldout success, promoted model")
+    ax.step(x, registry_loops, "--", where="post", color="tab:orange", label="heldout loop rate, promoted model")
     for i, r in enumerate(rounds, start=1):
-        ax.annotate("promoted" if r["promoted"] else "kept", (i, success[i]), textcoords="offset points", xytext=(0, 6),
+        face = "tab:blue" if r["promoted"] else "white"
+        ax.plot(i, r["heldout_new"], "o", color="tab:blue", markerfacecolor=face)
+        ax.plot(i, r["loop_new"], "s", color="tab:orange", markerfacecolor="tab:orange" if r["promoted"] else "white")
+        ax.annotate(decision_label(r), (i, r["heldout_new"]), textcoords="offset points", xytext=(0, 7),
                     ha="center", fontsize=7)
+    ax.axhline(base_success + 0.30, color="grey", linestyle=":", linewidth=1)
+    ax.annotate("target: base + 30 points", (0, base_success + 0.30), textcoords="offset points", xytext=(2, 3),
+                fontsize=7, color="grey")
     ax.set_xticks(x, ["base"] + [f"round {i}" for i in x[1:]])
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
+    ax.set_ylabel("500 heldout mazes, greedy")
+    ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=positive, required=True)
+    parser.add_argument("--rounds", type=positive)
+    parser.add_argument("--from-json", type=Path, metavar="PATH",
+                        help="draw the curve and print the table of an earlier run's retraining.json; runs nothing")
     parser.add_argument("--config", choices=["default", "smoke"], default="default")
     parser.add_argument("--out", type=Path, default=Path("outputs/retraining"))
     parser.add_argument("--png", type=Path, help="where the curve goes (default: OUT/retraining.png)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", type=key_value,
                         help="pipeline parameter for every round (mazerl pipeline run --param), e.g. grpo_steps=200")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        return report_earlier(parser, args.from_json, args.png)
+    if args.rounds is None:
+        parser.error("give --rounds N (N >= 1), or --from-json PATH to report an earlier run")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     mazerl = shutil.which("mazerl") or f"{sys.executable} -m mazerl"
@@ -127,13 +150,33 @@ def main(argv: list[str] | None = None) -> int:
               + (f" (blocked by {', '.join(record['blocked_by'])})" if record["blocked_by"] else ""), flush=True)
         (out / "retraining.json").write_text(json.dumps({"config": args.config, "params": args.param, "rounds": rounds}, indent=2) + "\n")
     png = args.png or out / "retraining.png"
+    summarise(rounds, png, out / "retraining.json")
+    return 0
+
+
+def summarise(rounds: list[dict], png: Path, source: Path) -> None:
     plot(rounds, png)
     print(table(rounds))
     first = rounds[0]["heldout_base"]
     promoted = [r["heldout_new"] for r in rounds if r["promoted"]]
     last = promoted[-1] if promoted else first
     print(f"last promoted model vs the start: heldout {first:.3f} -> {last:.3f} ({(last - first) * 100:+.1f} points); "
-          f"{out / 'retraining.json'}, {png}")
+          f"{source}, {png}")
+
+
+def report_earlier(parser: argparse.ArgumentParser, source: Path, png: Path | None) -> int:
+    try:
+        rounds = json.loads(source.read_text())["rounds"]
+        if not rounds:
+            raise ValueError("it lists no rounds")
+        for r in rounds:
+            missing = {"round", "seconds", "start_model", "promoted", "blocked_by", "heldout_base", "heldout_new",
+                       "heldout_p", "loop_base", "loop_new", "loop_p", "hard64_base", "hard64_new"} - set(r)
+            if missing:
+                raise ValueError(f"round {r.get('round', '?')} lacks {', '.join(sorted(missing))}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        parser.error(f"--from-json {source}: not a retraining.json written by this benchmark ({exc})")
+    summarise(rounds, png or source.with_suffix(".png"), source)
     return 0
 
 

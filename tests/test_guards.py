@@ -127,6 +127,7 @@ def test_a_pipeline_run_with_a_negative_guard_tolerance_is_refused_before_it_sta
 @pytest.mark.parametrize("script, option, value, allowed", [
     ("bench_retraining.py", "--rounds", "0", ">= 1"), ("bench_retraining.py", "--rounds", "-2", ">= 1"),
     ("bench_retraining.py", "--rounds", "three", ">= 1"), ("bench_retraining.py", "--param", "grpo_steps", "KEY=VALUE"),
+    ("bench_retraining.py", "--from-json", "no-such-retraining.json", "not a retraining.json"),
     ("bench_signals.py", "--variants", "", "baseline, no-loop-penalty, revisit"),
     ("bench_signals.py", "--variants", "baseline,loops-off", "baseline, no-loop-penalty, revisit"),
     ("bench_signals.py", "--variants", "nope", "baseline, no-loop-penalty, revisit"),
@@ -142,6 +143,33 @@ def test_a_benchmark_refuses_a_bad_option_before_it_writes_anything(script, opti
                           capture_output=True, text=True)
     assert proc.returncode == 2 and option in proc.stderr and allowed in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
+def test_bench_retraining_reports_an_earlier_run_with_each_rounds_decision(tmp_path):
+    """--from-json redraws an earlier run's curve and table without running anything; a round that was not
+    promoted is labelled with what stopped it, and the summary counts only promoted models."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def record(k, promoted, blocked, new, loops):
+        return {"round": k, "seconds": 700.0, "start_model": "/r/models/m1", "promoted": promoted, "blocked_by": blocked,
+                "heldout_base": 0.444, "heldout_new": new, "heldout_p": 0.01, "loop_base": 0.142, "loop_new": loops,
+                "loop_p": 0.005, "hard64_base": 0.172, "hard64_new": 0.188}
+    rounds = [{**record(1, True, [], 0.444, 0.142), "heldout_base": 0.312, "loop_base": 0.112, "start_model": "/a/tiny-base"},
+              record(2, False, ["loop_rate"], 0.482, 0.182), record(3, False, [], 0.466, 0.098)]
+    source = tmp_path / "retraining.json"
+    source.write_text(json.dumps({"config": "default", "rounds": rounds}))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_retraining.py"), "--from-json", str(source)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split("|")[-2].strip() for row in rows] == ["promoted", "blocked: loop_rate", "not significant"]
+    assert "0.312 -> 0.444 (+13.2 points)" in proc.stdout
+    assert (tmp_path / "retraining.png").stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["retraining.json", "retraining.png"]
 
 
 def test_routes_a_little_longer_than_an_optimal_base_pass_the_default_steps_tolerance():
