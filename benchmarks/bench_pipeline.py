@@ -41,8 +41,8 @@ def task_durations(log_text: str) -> list[dict]:
     return rows
 
 
-def report(run_dir: Path, total_s: float | None) -> dict:
-    tasks = task_durations((run_dir / "pipeline.log").read_text(errors="replace"))
+def report(run_dir: Path, total_s: float | None, log: Path | None = None) -> dict:
+    tasks = task_durations((log or run_dir / "pipeline.log").read_text(errors="replace"))
     comparison = run_dir / "compare" / "result" / "comparison.json"
     decision = json.loads(comparison.read_text())["decision"] if comparison.exists() else None
     out = {"run_dir": str(run_dir), "total_s": total_s, "tasks": tasks, "tasks_total_s": round(sum(t["seconds"] for t in tasks), 1),
@@ -63,7 +63,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.from_log:
-        out = report(args.from_log.parent, None)
+        if not args.from_log.is_file():
+            ap.error(f"--from-log {args.from_log}: no such file; give a run's log, "
+                     "outputs/pipeline/runs/<run>/pipeline.log")
+        out = report(args.from_log.parent, None, args.from_log)
     else:
         runs = REPO / "outputs" / "pipeline" / "runs"
         before = set(runs.glob("mazerl-*"))

@@ -145,6 +145,18 @@ def test_a_benchmark_refuses_a_bad_option_before_it_writes_anything(script, opti
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
 
 
+def test_bench_pipeline_refuses_a_log_that_is_not_there(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_pipeline.py"), "--from-log",
+                           str(tmp_path / "pipeline.log")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--from-log" in proc.stderr and "runs/<run>/pipeline.log" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_bench_retraining_reports_an_earlier_run_with_each_rounds_decision(tmp_path):
     """--from-json redraws an earlier run's curve and table without running anything; a round that was not
     promoted is labelled with what stopped it, and the summary counts only promoted models."""
