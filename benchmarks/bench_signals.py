@@ -34,6 +34,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     # the mixed pool (TRAIN_POOLS), easy mazes first: a quarter of the pool (fewest optimal moves) at step 1
     "mixed-sizes": {},
     "mixed-curriculum": {"curriculum_start": 0.25},
+    # a stronger loop penalty than tiny-grpo's 0.3
+    "loop-1.0": {"env.loop_penalty": 1.0},
 }
 # name -> the train split a variant trains on instead of the default preset's (same eval_seed: the evaluation
 # splits are the very same files' mazes; the pool excludes their layouts as every train split does)
