@@ -84,3 +84,14 @@ def test_the_trainer_walks_its_pool_easy_first_when_asked(tiny_model_dir, small_
     again = GRPOTrainer(cfg)
     assert again.resume("auto") == 1 and again.sampler.step == 1
     assert again.sampler.next(4) == trainer.sampler.next(4)
+
+
+def test_a_moved_horizon_reaches_the_whole_pool_at_the_new_end_and_survives_a_resume():
+    a = CurriculumSampler([(m, 81) for m in range(40)], seed=1, start_fraction=0.25, horizon=100)
+    a.next(4)
+    assert a.available(10) < 20  # ten steps into a hundred-step curriculum
+    a.set_horizon(10)  # a deadline says the run ends at step 10
+    assert a.available(10) == 40 and a.available(2) < a.available(9) < 40
+    b = CurriculumSampler([(m, 81) for m in range(40)], seed=1, start_fraction=0.25, horizon=100)
+    b.load_state_dict(a.state_dict())  # the run resumes with the horizon it had, not its config's steps
+    assert b.horizon == 10 and b.next(4) == a.next(4)

@@ -440,17 +440,19 @@ class SteppingClock:
 
 
 @pytest.mark.parametrize("fit", [True, False])
-def test_a_deadline_ends_the_learning_rate_schedule_when_fitted(small_mazes, tmp_path, monkeypatch, fit):
+def test_a_deadline_ends_the_learning_rate_schedule_and_the_curriculum_when_fitted(small_mazes, tmp_path, monkeypatch, fit):
     """With fit_schedule_to_max_minutes the rate reaches its floor on the step the deadline stops the run
-    at; without it the run stops near the schedule's start. The trainer's clock ticks 5 s a reading, so a
+    at, and a curriculum draws from the whole pool on that step; without it the run stops near the
+    schedule's start, in the curriculum's easy part. The trainer's clock ticks 5 s a reading, so a
     step takes the same simulated time on any machine."""
     import mazerl.rl.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module, "time", SteppingClock(5.0))
     cfg = grpo_config("tiny-base", small_mazes / "train.parquet", tmp_path / "g", policy={"model": "tiny-base"},
                       steps=100, mazes_per_step=2, group_size=2, micro_batch=64, max_turns=2, max_minutes=2.0,
-                      fit_schedule_to_max_minutes=fit, optim={"lr": 1e-3, "schedule": "cosine", "min_lr_ratio": 0.1})
+                      fit_schedule_to_max_minutes=fit, curriculum_start=0.25, optim={"lr": 1e-3, "schedule": "cosine", "min_lr_ratio": 0.1})
     GRPOTrainer(cfg).run(resume="never")
+    pool = len(read_split(small_mazes / "train.parquet"))
     rows = [r for r in read_metrics(tmp_path / "g" / "metrics.jsonl") if r.get("step")]
     assert 3 <= len(rows) < 100  # the deadline stopped it
     assert rows[-1]["time/training_total"] > 120 >= rows[-2]["time/training_total"]
@@ -458,5 +460,7 @@ def test_a_deadline_ends_the_learning_rate_schedule_when_fitted(small_mazes, tmp
         assert rows[-1]["lr"] == pytest.approx(1e-4)  # the floor, on the last step
         assert rows[-2]["lr_schedule_steps"] == len(rows)  # fitted after each step but the last
         assert all(a["lr"] > b["lr"] for a, b in zip(rows, rows[1:]))
+        assert rows[-1]["train_pool_mazes"] == pool > rows[0]["train_pool_mazes"]
     else:
         assert rows[-1]["lr"] > 0.95e-3 and "lr_schedule_steps" not in rows[-1]
+        assert rows[-1]["train_pool_mazes"] < pool / 2

@@ -710,7 +710,8 @@ class RayGRPO(GRPODriver):
                     synced = self.sync_weights()
                     self._release_ranks("sync")
                     context_tokens = sum(len(s.ids) for t in trajs for s in t.samples())
-                    record = {"step": self.step, **episode_metrics(trajs), **upd, "time/rollout": t1 - t0,
+                    record = {"step": self.step, **episode_metrics(trajs), **upd,
+                              "train_pool_mazes": self.sampler.available(self.step), "time/rollout": t1 - t0,
                               "rollout_tokens_per_s": context_tokens / max(t1 - t0, 1e-9),
                               "time/update": t2 - t1, **synced,
                               "rollout_versions": sorted({t.weights_version for t in trajs}),

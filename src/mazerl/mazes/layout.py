@@ -65,6 +65,16 @@ def grid_shape(cells: tuple[int, int]) -> tuple[int, int]:
     return 2 * cells[0] + 1, 2 * cells[1] + 1
 
 
+def grid_cells(height: int, width: int) -> tuple[int, int]:
+    """(rows, cols) in cells of a grid of `height` x `width` squares (the inverse of grid_shape)."""
+    return (int(height) - 1) // 2, (int(width) - 1) // 2
+
+
+def size_name(cells: tuple[int, int]) -> str:
+    """'RxC': the one spelling of a size in cells that parse_size reads back."""
+    return f"{cells[0]}x{cells[1]}"
+
+
 @dataclass(frozen=True, eq=False)
 class Maze:
     """A maze task. `grid` is an (H, W) uint8 array, H and W odd, outer ring all walls."""
@@ -99,7 +109,7 @@ class Maze:
 
     @property
     def cells(self) -> tuple[int, int]:
-        return (self.height - 1) // 2, (self.width - 1) // 2
+        return grid_cells(self.height, self.width)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Maze):

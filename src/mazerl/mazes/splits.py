@@ -26,7 +26,7 @@ from ..config import Seed, TurnBudget
 from .dataset_io import check_split_name, check_unique_mazes, content_hash, write_split
 from .generators import GENERATORS
 from .hashing import layout_hash, walls_hash
-from .layout import Maze, MazeError, parse_size
+from .layout import Maze, MazeError, grid_cells, parse_size, size_name
 from .render import RenderOptions
 from .sampling import sample_maze
 from .seeding import derive_seed
@@ -72,7 +72,7 @@ class SplitSpec(BaseModel):
     def _budgets(cls, v):
         if isinstance(v, dict):  # keys as 'RxC', whatever form of size was given
             try:
-                return {"{}x{}".format(*parse_size(k)): n for k, n in v.items()}
+                return {size_name(parse_size(k)): n for k, n in v.items()}
             except MazeError as err:
                 raise ValueError(f"max_turns names a size it cannot read: {err}") from None
         return v
@@ -88,13 +88,13 @@ class SplitSpec(BaseModel):
     def budget(self, cells: tuple[int, int]) -> int | None:
         """The turn budget of this split's mazes of `cells` (rows, cols), or None for the default rule."""
         if isinstance(self.max_turns, dict):
-            return self.max_turns.get(f"{cells[0]}x{cells[1]}")
+            return self.max_turns.get(size_name(cells))
         return self.max_turns
 
     @model_validator(mode="after")
     def _budget_sizes(self):
         if isinstance(self.max_turns, dict):
-            named = {f"{r}x{c}" for r, c in self.sizes}
+            named = {size_name(cells) for cells in self.sizes}
             extra = sorted(set(self.max_turns) - named)
             if extra:
                 raise ValueError(f"max_turns gives a budget for {', '.join(extra)}, which is not among the split's sizes "
@@ -285,13 +285,13 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
                     attempts_per_maze: int, progress: Callable[[int], None]) -> list[dict]:
     rows: list[dict] = []
     for cells in spec.sizes:
-        size_name = f"{cells[0]}x{cells[1]}"
+        size = size_name(cells)
         budget = spec.budget(cells)
         for algorithm in spec.algorithms:
             accepted = 0
             limit = spec.count * attempts_per_maze
             argses = (
-                (i, derive_seed(base_seed, name, size_name, algorithm, i), algorithm, cells, spec.placement, spec.min_moves)
+                (i, derive_seed(base_seed, name, size, algorithm, i), algorithm, cells, spec.placement, spec.min_moves)
                 for i in range(limit)
             )
             tried = too_long = 0
@@ -305,7 +305,7 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
                     continue
                 seen.add(ident)
                 render = spec.render[accepted % len(spec.render)]
-                maze_id = f"{name}-{size_name}-{algorithm}-{index:06d}"
+                maze_id = f"{name}-{size}-{algorithm}-{index:06d}"
                 rows.append(_row(maze_id, name, maze, spec.placement, budget, render, hashes=(lh, wh)))
                 accepted += 1
                 progress(1)
@@ -313,7 +313,7 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
                     break
             if accepted < spec.count:
                 raise MazeError(
-                    f"split {name!r} ({size_name}, {algorithm}): found only {accepted} unique layouts of "
+                    f"split {name!r} ({size}, {algorithm}): found only {accepted} unique layouts of "
                     f"{spec.count} requested after {tried} draws ({too_long} needed more than max_turns = "
                     f"{budget} turns; the other splits hold {len(seen) - accepted} layouts); "
                     "lower the count, raise max_turns, use a larger size, or set dedup: layout"
@@ -334,7 +334,7 @@ def _derive_split(name: str, spec: SplitSpec, source_rows: list[dict], base_seed
         src["maze_id"] = f"{name}-{k:06d}"
         src["split"] = name
         src["source_split"] = spec.derived_from
-        budget = spec.budget(((src["height"] - 1) // 2, (src["width"] - 1) // 2))
+        budget = spec.budget(grid_cells(src["height"], src["width"]))
         if budget is not None:
             src["max_turns"] = budget
         rows.append(src)

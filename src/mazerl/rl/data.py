@@ -20,6 +20,13 @@ class MazeSampler:
         self.offset = 0
         self._order = self._permutation(0)
 
+    def available(self, step: int) -> int:
+        """How many mazes step `step` draws from: the whole pool, every step."""
+        return self.n_rows
+
+    def set_horizon(self, steps: int) -> None:
+        """An epoch walk does not depend on where the run ends."""
+
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(self.n_rows))
         random.Random(derive_seed(self.seed, "epoch", epoch)).shuffle(order)
@@ -52,8 +59,9 @@ class MazeSampler:
 class CurriculumSampler:
     """Easy mazes first: step s draws its mazes from the easiest part of the pool, which grows linearly from
     `start_fraction` of it at step 1 to all of it at step `horizon`. Easy is fewer optimal moves (then the smaller
-    maze). Each step's draw depends only on (seed, step), so the step count is the whole state: resume neither
-    skips nor repeats."""
+    maze). Each step's draw depends only on (seed, step) and the horizon, so those are the whole state: resume
+    neither skips nor repeats. A run that a deadline ends early moves the horizon to its last step
+    (`set_horizon`), so it still reaches the whole pool."""
 
     def __init__(self, difficulty: list[tuple[int, int]], seed: int, start_fraction: float, horizon: int):
         if not difficulty:
@@ -70,6 +78,10 @@ class CurriculumSampler:
         grown = self.start_fraction + (1 - self.start_fraction) * min(1.0, (step - 1) / max(1, self.horizon - 1))
         return max(1, min(self.n_rows, round(grown * self.n_rows)))
 
+    def set_horizon(self, steps: int) -> None:
+        """The pool is whole at step `steps` (from the next step on)."""
+        self.horizon = max(1, int(steps))
+
     def next(self, k: int) -> list[int]:
         self.step += 1
         n = self.available(self.step)
@@ -85,11 +97,13 @@ class CurriculumSampler:
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        differs = [k for k in ("n_rows", "seed", "start_fraction", "horizon") if state.get(k) != mine[k]]
+        # not the horizon: a deadline may have moved it, and the run goes on with the one it had
+        differs = [k for k in ("n_rows", "seed", "start_fraction") if state.get(k) != mine[k]]
         if differs:
             raise ValueError(f"sampler state is for {', '.join(f'{k} {state.get(k)}' for k in differs)}; this run has "
                              f"{', '.join(f'{k} {mine[k]}' for k in differs)}")
         self.step = int(state["step"])
+        self.horizon = int(state.get("horizon", self.horizon))
 
 
 def train_sampler(train_df, seed: int, curriculum_start: float | None, horizon: int):

@@ -73,7 +73,7 @@ def steps_that_fit(step: int, steps: int, trained_seconds: float, steps_this_run
 
 
 class GRPODriver:
-    """Needs `cfg` (GRPOConfig), `step` (updates applied so far) and `set_schedule_horizon`."""
+    """Needs `cfg` (GRPOConfig), `step` (updates applied so far), `sampler` (rl.data) and `set_schedule_horizon`."""
 
     cfg: GRPOConfig
     step: int
@@ -83,14 +83,16 @@ class GRPODriver:
         raise NotImplementedError
 
     def fit_schedule(self, record: dict, first_step: int) -> None:
-        """With fit_schedule_to_max_minutes: end the schedule at the step the deadline allows, given this
-        run's training time so far (record["time/training_total"]) over the steps since `first_step`."""
+        """With fit_schedule_to_max_minutes: end the schedule (the learning rate's, and a curriculum's growth to
+        the whole pool) at the step the deadline allows, given this run's training time so far
+        (record["time/training_total"]) over the steps since `first_step`."""
         cfg = self.cfg
         if (not cfg.fit_schedule_to_max_minutes or cfg.max_minutes is None
                 or record["time/training_total"] > cfg.max_minutes * 60):
             return  # not asked for, no deadline, or the run stops on this step
         end = steps_that_fit(self.step, cfg.steps, record["time/training_total"], self.step - first_step, cfg.max_minutes)
         self.set_schedule_horizon(end)
+        self.sampler.set_horizon(end)
         record["lr_schedule_steps"] = end
 
     def _update_samples(self, traj: Trajectory, index: int, advantages: list[float]):

@@ -208,6 +208,7 @@ class GRPOTrainer(GRPODriver):
                 t2 = time.perf_counter()
                 context_tokens = sum(len(s.ids) for t in trajs for s in t.samples())
                 record = {"step": self.step, **episode_metrics(trajs), **upd,
+                          "train_pool_mazes": self.sampler.available(self.step),
                           "time/rollout": t1 - t0, "time/update": t2 - t1,
                           "rollout_tokens_per_s": context_tokens / max(t1 - t0, 1e-9),
                           "train_tokens_per_s": upd["train_tokens"] / max(t2 - t1, 1e-9)}
