@@ -82,6 +82,12 @@ def train_pool(name: str, mazes: Path, out: Path) -> Path:
     return out / "train.parquet"
 
 
+def training_minutes(metrics: list[dict]) -> float:
+    """The whole run's training minutes: its steps' times summed (a resumed run's `time/training_total` counts
+    from the resume only)."""
+    return sum(r.get("time/step", 0.0) for r in metrics if r.get("step")) / 60
+
+
 def row(name: str, seed: int, comparison: dict, minutes: float, steps: int | None) -> dict:
     splits, decision = comparison["splits"], comparison["decision"]
     held, hard, easy = splits["heldout"], splits.get("visgym-hard-64", {}), splits.get("visgym-easy-64", {})
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": seed, "eval_every": 0, "max_minutes": 120.0, **VARIANTS[name]})
             # resume="auto": an interrupted variant goes on from its last checkpoint, a finished one is not trained again
             GRPOTrainer(cfg).run(resume="auto", overwrite=True)
-            last = read_metrics(run / "grpo" / "metrics.jsonl")[-1]
+            metrics = read_metrics(run / "grpo" / "metrics.jsonl")
             # the job as the variant ran it: both models are shown the mazes as it shows them (its history, say)
             job = run / "job.yaml"
             write_text(job, yaml.safe_dump(cfg.model_dump(mode="json")))
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             comparison = compare(str(judge_base), str(run / "eval"), str(run / "compare"), min_gain=0.0,
                                  max_p_value=0.05)
             rows = [r for r in rows if (r["variant"], r["train_seed"]) != (name, seed)]
-            rows.append(row(name, seed, comparison, last["time/training_total"] / 60, last["step"]))
+            rows.append(row(name, seed, comparison, training_minutes(metrics), metrics[-1]["step"]))
             print(table(rows[-1:]), flush=True)
             write_text(record_file, json.dumps({"steps": args.steps, "variants": rows}, indent=2) + "\n")
     print(table(rows))

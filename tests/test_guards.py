@@ -195,3 +195,19 @@ def test_routes_a_little_longer_than_an_optimal_base_pass_the_default_steps_tole
     assert default["passed"] and default["decided"] and "within its tolerance" in default["why"]
     strict = _by_name(evaluate_guards({"heldout": (base, new)}, GuardSettings(steps_tolerance=0.0)))["steps_over_optimal"]
     assert not strict["passed"] and strict["p"] < 0.001
+
+
+def test_bench_signals_counts_the_training_time_of_a_resumed_run_from_its_first_step():
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_signals", ROOT / "benchmarks" / "bench_signals.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # steps 1-2 before an interruption, 3-4 after the resume: the trainer's total restarts at the resume
+    metrics = [{"step": 0, "eval/success": 0.3}, {"step": 1, "time/step": 30.0, "time/training_total": 30.0},
+               {"step": 2, "time/step": 30.0, "time/training_total": 60.0},
+               {"step": 3, "time/step": 60.0, "time/training_total": 60.0},
+               {"step": 4, "time/step": 60.0, "time/training_total": 120.0}]
+    assert bench.training_minutes(metrics) == 3.0
