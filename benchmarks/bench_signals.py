@@ -36,14 +36,18 @@ VARIANTS: dict[str, dict[str, object]] = {
     "mixed-curriculum": {"curriculum_start": 0.25},
     # a stronger loop penalty than tiny-grpo's 0.3
     "loop-1.0": {"env.loop_penalty": 1.0},
+    # the mixed pool with that stronger penalty: 5x5 episodes loop in training, 4x4 ones hardly do
+    "mixed-loop-1.0": {"env.loop_penalty": 1.0},
 }
-# name -> the train split a variant trains on instead of the default preset's (same eval_seed: the evaluation
+# pool name -> a train split some variants train on instead of the default preset's (same eval_seed: the evaluation
 # splits are the very same files' mazes; the pool excludes their layouts as every train split does)
-TRAIN_POOLS: dict[str, dict] = {
+POOLS: dict[str, dict] = {
     # VisGym's two levels: easy (4x4) with its 18-turn limit, hard (5x5) with the default budget like hard-64's
     "mixed-sizes": {"count": 2000, "sizes": ["visgym-easy", "visgym-hard"], "max_turns": {"visgym-easy": 18}},
-    "mixed-curriculum": {"count": 2000, "sizes": ["visgym-easy", "visgym-hard"], "max_turns": {"visgym-easy": 18}},
 }
+# variant -> its pool (generated once, in DIR/mazes-<pool>)
+TRAIN_POOLS: dict[str, str] = {"mixed-sizes": "mixed-sizes", "mixed-curriculum": "mixed-sizes",
+                               "mixed-loop-1.0": "mixed-sizes"}
 
 
 def variant_names(text: str) -> list[str]:
@@ -65,14 +69,14 @@ def train_seeds(text: str) -> list[int]:
 
 
 def train_pool(name: str, mazes: Path, out: Path) -> Path:
-    """The variant's train split, generated beside the default dataset with the same evaluation splits."""
+    """Pool `name`'s train split, generated beside the default dataset with the same evaluation splits."""
     from mazerl.mazes.dataset_io import read_split
     from mazerl.mazes.splits import TRAIN_SPLIT, SplitSpec, generate_dataset, preset
     from mazerl.mazes.visgym import reference_file
 
     if not (out / "manifest.json").exists():
         cfg = preset("default")
-        cfg.splits[TRAIN_SPLIT] = SplitSpec.model_validate(TRAIN_POOLS[name])
+        cfg.splits[TRAIN_SPLIT] = SplitSpec.model_validate(POOLS[name])
         generate_dataset(cfg, out, reference_file(), overwrite=True)
     ours, theirs = (json.loads((d / "manifest.json").read_text())["eval_splits_hash"] for d in (out, mazes))
     if ours != theirs:
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             run = out / f"{name}-s{seed}"
             train_data = mazes / "train.parquet"
             if name in TRAIN_POOLS:
-                train_data = train_pool(name, mazes, out / f"mazes-{name}")
+                train_data = train_pool(TRAIN_POOLS[name], mazes, out / f"mazes-{TRAIN_POOLS[name]}")
             cfg = load_config(GRPOConfig, "tiny-grpo", {
                 "policy.model": "tiny-base", "train_data": str(train_data),
                 "eval_data": str(mazes / "heldout.parquet"), "output_dir": str(run / "grpo"), "steps": args.steps,

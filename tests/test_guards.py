@@ -211,3 +211,5 @@ def test_bench_signals_counts_the_training_time_of_a_resumed_run_from_its_first_
                {"step": 3, "time/step": 60.0, "time/training_total": 60.0},
                {"step": 4, "time/step": 60.0, "time/training_total": 120.0}]
     assert bench.training_minutes(metrics) == 3.0
+    # every variant with its own train split names a variant and a pool that exist
+    assert all(v in bench.VARIANTS and pool in bench.POOLS for v, pool in bench.TRAIN_POOLS.items())
