@@ -108,8 +108,9 @@ class SplitSpec(BaseModel):
                              "are fixed corners): use placement 'random' or 'dead-ends', or leave min_moves at 1")
         longest = min(2 * (r * c - 1) for r, c in self.sizes)  # a route through every cell of the smallest size
         if self.min_moves > longest:
-            r, c = min(self.sizes, key=lambda s: s[0] * s[1])
-            raise ValueError(f"min_moves = {self.min_moves} is impossible in a {r}x{c}-cell maze (at most {longest} moves apart)")
+            smallest = min(self.sizes, key=lambda s: s[0] * s[1])
+            raise ValueError(f"min_moves = {self.min_moves} is impossible in a {size_name(smallest)}-cell maze "
+                             f"(at most {longest} moves apart)")
         return self
 
     @field_validator("algorithms")

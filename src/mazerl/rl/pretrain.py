@@ -43,7 +43,7 @@ from ..envs.agents import as_reply, oracle_action
 from ..envs.maze_env import EnvConfig, MazeTask
 from ..mazes.dataset_io import write_split
 from ..mazes.hashing import layout_hash, walls_hash
-from ..mazes.layout import MOVE_NAMES, MOVES, Maze
+from ..mazes.layout import MOVE_NAMES, MOVES, Maze, size_name
 from ..mazes.render import RenderOptions
 from ..mazes.sampling import sample_maze
 from ..mazes.seeding import derive_seed
@@ -195,7 +195,7 @@ class Pretrainer:
         self.pool: dict[int, list[Maze]] = {}
         for p in cfg.pool:
             self.pool[p.cells] = draw_mazes(p.cells, p.count, cfg.algorithm, cfg.seed, "pool", excluded_walls, taken)
-        log("pool: " + ", ".join(f"{c}x{c}: {len(m)}" for c, m in self.pool.items()) + f"; validation: {len(self.validation)}")
+        log("pool: " + ", ".join(f"{size_name((c, c))}: {len(m)}" for c, m in self.pool.items()) + f"; validation: {len(self.validation)}")
         init_tiny(work / "init", size=cfg.size, seed=cfg.seed, vision_init=cfg.vision_init)
         self.view = cfg.view.model_copy(update={"model": str(work / "init")})
         self.tp = open_policy(self.view)
@@ -410,7 +410,7 @@ def pretrain_tiny(cfg: PretrainConfig, out: str | Path, *, reference: str | Path
             f"(95% CI {heldout['wilson_95'][0]:.3f}-{heldout['wilson_95'][1]:.3f}); sampled at T={cfg.grpo_temperature}: "
             f"parse failures {sampled['parse_failure_rate']:.4f} per turn")
         pool_rows = [
-            _row(f"pretrain-{c}x{c}-{i:06d}", "pretrain", m, "visgym-corners", VISGYM_MAX_TURNS, RenderOptions())
+            _row(f"pretrain-{size_name((c, c))}-{i:06d}", "pretrain", m, "visgym-corners", VISGYM_MAX_TURNS, RenderOptions())
             for c, mazes in trainer.pool.items() for i, m in enumerate(mazes)
         ]
         with atomic_directory(out, overwrite=overwrite) as tmp:
@@ -432,7 +432,7 @@ def pretrain_tiny(cfg: PretrainConfig, out: str | Path, *, reference: str | Path
                 "shipped_step": chosen["step"],
                 "shipped_because": why,
                 "curve": [{k: s[k] for k in ("step", "minutes", "success", "wall_bump_rate", "loop_rate")} for s in result["snapshots"]],
-                "pool": {f"{c}x{c}": len(m) for c, m in trainer.pool.items()},
+                "pool": {size_name((c, c)): len(m) for c, m in trainer.pool.items()},
                 "excluded_evaluation_walls": trainer.excluded_count,
                 "validation_mazes": len(trainer.validation),
                 "heldout": {"mazes": len(heldout_df), "max_turns": VISGYM_MAX_TURNS, "greedy": heldout,
