@@ -175,6 +175,17 @@ def test_bad_configs_fail_at_load_naming_the_field(tmp_path, change, field):
         load_config(GRPOConfig, path)
 
 
+def test_the_retraining_config_is_the_demos_with_a_longer_run_and_a_bigger_batch():
+    # Retraining's rounds are judged against the demo's recipe: a change to tiny-grpo (rewards, optimiser,
+    # view) must reach tiny-grpo-retrain too, or the two measure different things.
+    demo = load_config(GRPOConfig, "tiny-grpo").model_dump()
+    retrain = load_config(GRPOConfig, "tiny-grpo-retrain").model_dump()
+    run_length = {"steps", "max_minutes", "mazes_per_step", "output_dir"}
+    assert {k for k in demo if demo[k] != retrain[k]} == run_length
+    assert retrain["mazes_per_step"] > demo["mazes_per_step"] and retrain["max_minutes"] > demo["max_minutes"]
+    assert retrain["fit_schedule_to_max_minutes"]
+
+
 def test_missing_model_is_a_clear_error(tmp_path, small_mazes):
     cfg = grpo_config(tmp_path / "no-model", small_mazes / "train.parquet", tmp_path / "o")
     from mazerl.policy.loading import PolicyLoadError
