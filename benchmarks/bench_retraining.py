@@ -3,7 +3,7 @@ improve on it?
 
     python benchmarks/bench_retraining.py --rounds 3 [--config default|smoke] [--param KEY=VALUE] [--out DIR] [--png PATH]
 
-Measured with `--rounds 3 --param grpo_config=tiny-grpo-retrain` (about 24 training minutes a round at 48
+Measured with `--rounds 3 --param grpo_config=tiny-grpo-retrain` (at most 24 training minutes a round at 48
 mazes a step; the demo's tiny-grpo, 11 minutes at 16, was too short to compound: docs/BENCHMARKS.md, "Retraining").
 
 Each round is `mazerl pipeline run --profile local` in DIR (one registry for all rounds), exactly as a
