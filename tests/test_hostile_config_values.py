@@ -312,3 +312,63 @@ def test_messages_stay_short_whatever_the_input(tmp_path):
     profile = tmp_path / "p.yaml"
     profile.write_text("kind: local\nname: " + "y" * 100_000 + "\nnot_a_setting: [" + ", ".join(["1"] * 10_000) + "]\n")
     assert_clear_error(run("pipeline", "compile", "--profile", profile, "--out", tmp_path / "o.yaml"), "invalid config")
+
+
+# ---- extends: a job config that states only what it changes
+
+
+def test_a_config_extends_another_and_changes_only_what_it_states(tmp_path):
+    parent = tmp_path / "recipes" / "base.yaml"
+    parent.parent.mkdir()
+    parent.write_text("policy: {model: tiny-base}\ntrain_data: t.parquet\noutput_dir: o\nsteps: 40\n"
+                      "optim: {lr: 1.0e-4, schedule: cosine}\nenv: {loop_penalty: 0.3}\n")
+    child = tmp_path / "recipes" / "longer.yaml"  # a relative path: next to the extending file, not the cwd
+    child.write_text("extends: base.yaml\nsteps: 90\noptim: {lr: 5.0e-5}\n")
+    cfg = load_config(GRPOConfig, child)
+    assert cfg.steps == 90 and cfg.optim.lr == 5e-5
+    assert cfg.optim.schedule == "cosine" and cfg.env.loop_penalty == 0.3  # a section merges key by key
+    assert cfg.train_data == "t.parquet"
+    grandchild = tmp_path / "g.yaml"
+    grandchild.write_text(f"extends: {child}\nseed: 7\n")
+    cfg = load_config(GRPOConfig, grandchild, {"env.loop_penalty": "1.0"})
+    assert (cfg.seed, cfg.steps, cfg.optim.schedule, cfg.env.loop_penalty) == (7, 90, "cosine", 1.0)
+
+
+def test_a_shipped_config_extends_by_name_and_the_named_view_sees_the_parents_policy(tmp_path):
+    from mazerl.workflow import named_view_overrides
+
+    child = tmp_path / "c.yaml"
+    child.write_text("extends: tiny-grpo\nsteps: 3\n")
+    cfg, demo = load_config(GRPOConfig, child), load_config(GRPOConfig, "tiny-grpo")
+    assert cfg.steps == 3 and cfg.model_dump(exclude={"steps"}) == demo.model_dump(exclude={"steps"})
+    # a view named for the start model fills only the policy fields the whole chain leaves unset
+    parent = tmp_path / "p.yaml"
+    parent.write_text("extends: tiny-grpo\npolicy: {prompt: short, max_new_tokens: 8}\n")
+    child.write_text(f"extends: {parent}\nsteps: 3\n")
+    assert load_config(GRPOConfig, child).policy.model == demo.policy.model  # the grandparent's, beside the parent's
+    filled = named_view_overrides(str(child), "visgym")
+    assert "policy.prompt" not in filled and "policy.max_new_tokens" not in filled
+    assert filled["policy.reply_grammar"] == "free"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("extends: nowhere-to-be-found\n", "unknown config 'nowhere-to-be-found'"),
+    ("extends: missing.yaml\n", "config file not found"),
+    ("extends: [tiny-grpo]\n", "is not a config name"),
+    ("extends: ''\n", "is not a config name"),
+    ("extends: self.yaml\n", "extends makes a cycle"),
+])
+def test_a_bad_extends_is_a_clear_error(tmp_path, text, message):
+    path = tmp_path / "self.yaml"
+    path.write_text(text + "steps: 3\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(GRPOConfig, path)
+
+
+def test_a_cycle_through_two_configs_is_named_and_refused(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"cycle \(.*a\.yaml -> .*b\.yaml -> .*a\.yaml\)"):
+        load_config(GRPOConfig, tmp_path / "a.yaml")
+    result = CliRunner().invoke(app, ["train", "grpo", "--config", str(tmp_path / "a.yaml")])
+    assert result.exit_code == 2 and "cycle" in result.output and "Traceback" not in result.output

@@ -177,7 +177,7 @@ def test_bad_configs_fail_at_load_naming_the_field(tmp_path, change, field):
 
 def test_the_retraining_config_is_the_demos_with_a_longer_run_and_a_bigger_batch():
     # Retraining's rounds are judged against the demo's recipe: a change to tiny-grpo (rewards, optimiser,
-    # view) must reach tiny-grpo-retrain too, or the two measure different things.
+    # view) must reach tiny-grpo-retrain too (it extends tiny-grpo), or the two measure different things.
     demo = load_config(GRPOConfig, "tiny-grpo").model_dump()
     retrain = load_config(GRPOConfig, "tiny-grpo-retrain").model_dump()
     run_length = {"steps", "max_minutes", "mazes_per_step", "output_dir"}

@@ -226,16 +226,49 @@ def resolve_job_config(name_or_path: str) -> str:
     raise ConfigError(f"unknown config {name_or_path!r}: give a YAML file or one of the shipped configs ({names})")
 
 
+EXTENDS_KEY = "extends"
+
+
+def merged_settings(base: dict, changes: dict) -> dict:
+    """`base` with `changes` on top: sections (mappings) merge key by key, any other value replaces."""
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merged_settings(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_job_settings(name_or_path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """The settings of a job config, with those of the config it `extends:` underneath, recursively.
+    `extends` names a shipped config (`tiny-grpo`) or a YAML path, relative to the extending file's
+    folder: a variant of a recipe states only what it changes, and a change to the recipe reaches it."""
+    text = str(name_or_path)
+    if _chain and not Path(text).is_absolute() and ("/" in text or Path(text).suffix in (".yaml", ".yml")):
+        text = str(_chain[-1].parent / text)
+    path = Path(resolve_job_config(text)).resolve()
+    if path in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain[_chain.index(path):], path))
+        raise ConfigError(f"config {_chain[-1]}: extends makes a cycle ({cycle}); a config cannot extend itself")
+    data = load_yaml_file(path, "config file") or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of settings, got {type(data).__name__}")
+    parent = data.pop(EXTENDS_KEY, None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not parent.strip():
+        raise ConfigError(f"{path}: {EXTENDS_KEY}: {shorten(repr(parent), 60)} is not a config name; give a shipped "
+                          "config's name (e.g. tiny-grpo) or the path of a YAML file")
+    return merged_settings(load_job_settings(parent.strip(), (*_chain, path)), data)
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: dict | None = None) -> T:
-    """`cls` from a YAML file (optional) with `overrides` (dotted keys allowed) applied on top."""
+    """`cls` from a YAML file (optional, with what it `extends:`) with `overrides` (dotted keys allowed)
+    applied on top."""
     data: dict = {}
     source = "(defaults)"
     if path is not None:
         path = Path(resolve_job_config(str(path)))
         source = str(path)
-        data = load_yaml_file(path, "config file") or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping of settings, got {type(data).__name__}")
+        data = load_job_settings(path)
     for key, value in (overrides or {}).items():
         node = data
         parts = key.split(".")

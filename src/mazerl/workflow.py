@@ -145,12 +145,12 @@ def named_view_overrides(config: str, model_view: str | None, extra: dict | None
     job's explicit settings still win, and the model's saved view is not read for them. '' = none."""
     if not model_view:
         return {}
-    from .config import load_yaml_file, resolve_job_config
+    from .config import load_job_settings
     from .policy.views import named_view
 
     settings = named_view(model_view).settings
-    data = load_yaml_file(Path(resolve_job_config(config)), "config file") if config else {}
-    policy = (data or {}).get("policy") if isinstance(data, dict) else None
+    data = load_job_settings(config) if config else {}
+    policy = data.get("policy")
     policy = policy if isinstance(policy, dict) else {}
     given = set(policy) | {k.removeprefix("policy.") for k in (extra or {}) if k.startswith("policy.")}
     return {f"policy.{k}": v for k, v in settings.items() if k not in given}
