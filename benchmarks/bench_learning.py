@@ -20,7 +20,9 @@ unstable near step 100. docs/BENCHMARKS.md, "GRPO learning: the hour"; docs/hist
 `--steps` is the run's length in GRPO steps, and so the horizon of the config's learning-rate schedule
 (tiny-grpo: cosine); `--minutes` stops the run early, with a checkpoint, on a machine slower than the
 steps assume (the schedule is then fitted to the deadline: `fit_schedule_to_max_minutes`).
-`--train-data` trains on another train split (e.g. a pool of mixed sizes) with the same evaluation mazes.
+`--train-data` trains on another train split with the same evaluation mazes; `--train-pool NAME` generates one of
+bench_signals.py's pools (e.g. `mostly-4x4`: VisGym's 4x4 level and one 5x5 maze in ten) beside the dataset, with
+the same evaluation splits, and trains on it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import time
 from pathlib import Path
 
+from bench_signals import POOLS, train_pool  # the pools bench_signals.py compares, a sibling script
 from mazerl.atomic import write_json
 from mazerl.config import load_config
 from mazerl.evaluation.stats import paired_comparison, wilson_interval
@@ -119,6 +122,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-base", help="base model (default: the shipped tiny-base)")
     ap.add_argument("--mazes", type=Path, help="dataset directory (default: generate the default preset into OUT/mazes)")
     ap.add_argument("--train-data", type=Path, help="train split parquet (default: the dataset's train.parquet)")
+    ap.add_argument("--train-pool", choices=sorted(POOLS), help="train on this pool, generated in OUT/mazes-NAME")
     ap.add_argument("--grpo-config", default="tiny-grpo")
     ap.add_argument("--minutes", type=float, default=60.0, help="training minutes at most (evaluations not counted)")
     ap.add_argument("--steps", type=int, default=250, help="GRPO steps: the learning-rate schedule's horizon")
@@ -128,6 +132,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("outputs/bench-learning"))
     ap.add_argument("--png", type=Path, default=Path("docs/learning_curve.png"))
     args = ap.parse_args()
+    if args.train_pool and args.train_data:
+        ap.error("give --train-data or --train-pool, not both")
 
     from mazerl.config import parse_overrides
     from mazerl.mazes.splits import generate_dataset, preset
@@ -138,6 +144,8 @@ def main() -> None:
         mazes = args.out / "mazes"
         if not (mazes / "manifest.json").exists():
             generate_dataset(preset("default"), mazes, reference_file(), overwrite=True)
+    if args.train_pool:
+        args.train_data = train_pool(args.train_pool, mazes, args.out / f"mazes-{args.train_pool}")
     cfg = load_config(GRPOConfig, args.grpo_config, {
         "policy.model": args.model, "train_data": str(args.train_data or mazes / "train.parquet"),
         "eval_data": str(mazes / "heldout.parquet"), "output_dir": str(args.out / "grpo"),

@@ -44,6 +44,10 @@ VARIANTS: dict[str, dict[str, object]] = {
 POOLS: dict[str, dict] = {
     # VisGym's two levels: easy (4x4) with its 18-turn limit, hard (5x5) with the default budget like hard-64's
     "mixed-sizes": {"count": 2000, "sizes": ["visgym-easy", "visgym-hard"], "max_turns": {"visgym-easy": 18}},
+    # the same pool's 4x4 mazes and its first 222 5x5 ones (one in ten): a 5x5 episode costs ~13 4x4 ones here,
+    # so an hour's steps stay mostly on the heldout size and still meet the larger one (bench_learning --train-pool)
+    "mostly-4x4": {"count": {"visgym-easy": 2000, "visgym-hard": 222}, "sizes": ["visgym-easy", "visgym-hard"],
+                   "max_turns": {"visgym-easy": 18}},
 }
 # variant -> its pool (generated once, in DIR/mazes-<pool>)
 TRAIN_POOLS: dict[str, str] = {"mixed-sizes": "mixed-sizes", "mixed-curriculum": "mixed-sizes",

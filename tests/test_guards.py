@@ -132,14 +132,16 @@ def test_a_pipeline_run_with_a_negative_guard_tolerance_is_refused_before_it_sta
     ("bench_signals.py", "--variants", "baseline,loops-off", "baseline, no-loop-penalty, revisit"),
     ("bench_signals.py", "--variants", "nope", "baseline, no-loop-penalty, revisit"),
     ("bench_signals.py", "--train-seeds", "1,x", "non-negative integers"),
-    ("bench_signals.py", "--train-seeds", "-1", "non-negative integers")])
+    ("bench_signals.py", "--train-seeds", "-1", "non-negative integers"),
+    ("bench_learning.py", "--train-pool", "nope", "mixed-sizes"),
+    ("bench_learning.py", "--train-pool", "mostly-4x4 --train-data x.parquet", "not both")])
 def test_a_benchmark_refuses_a_bad_option_before_it_writes_anything(script, option, value, allowed, tmp_path):
     import subprocess
     import sys
 
     from conftest import ROOT
 
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), option, value, "--out", str(tmp_path / "o")],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), option, *value.split(" "), "--out", str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and option in proc.stderr and allowed in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()

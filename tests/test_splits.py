@@ -106,6 +106,34 @@ def test_a_bad_budget_per_size_is_named(budget, named):
     with pytest.raises(ValidationError, match=named):
         SplitSpec(count=3, sizes=["4x4", "5x5"], max_turns=budget)
 
+def test_a_count_per_size_weights_the_pool_and_keeps_each_sizes_first_mazes(tmp_path):
+    """{'4x4': 30, '5x5': 6}: 30 of one size and 6 of the other, and the very mazes the first 6 of an even pool of
+    that size are (a pool cut down by size is the same pool, so runs on the two compare maze for maze)."""
+    even = small_config(splits={"heldout": {"count": 20}, "train": {"count": 30, "sizes": ["visgym-easy", "visgym-hard"],
+                                                                    "max_turns": {"4x4": 18}}})
+    weighted = small_config(splits={"heldout": {"count": 20}, "train": {"count": {"visgym-easy": 30, "5x5": 6},
+                                                                        "sizes": ["visgym-easy", "visgym-hard"],
+                                                                        "max_turns": {"4x4": 18}}})
+    m_even, m_weighted = generate_dataset(even, tmp_path / "even"), generate_dataset(weighted, tmp_path / "weighted")
+    a, b = read_split(tmp_path / "even" / "train.parquet"), read_split(tmp_path / "weighted" / "train.parquet")
+    assert b.height.value_counts().to_dict() == {9: 30, 11: 6}
+    kept = pd.concat([a[a.height == 9], a[a.height == 11].iloc[:6]])
+    assert list(b.maze_id) == list(kept.maze_id) and list(b.walls_hash) == list(kept.walls_hash)
+    assert m_weighted["splits"]["train"]["rows"] == 36 and m_even["eval_splits_hash"] == m_weighted["eval_splits_hash"]
+
+
+@pytest.mark.parametrize("spec, named", [
+    ({"count": {"4x4": 3}, "sizes": ["4x4", "5x5"]}, "no count for 5x5"),
+    ({"count": {"4x4": 3, "5x5": 2, "6x6": 1}, "sizes": ["4x4", "5x5"]}, "6x6 not among them"),
+    ({"count": {"4x4": 0, "5x5": 2}, "sizes": ["4x4", "5x5"]}, "greater than or equal to 1"),
+    ({"count": {"huge": 3}, "sizes": ["4x4"]}, "count names a size it cannot read"),
+    ({"count": {"4x4": 3}, "derived_from": "heldout"}, "give one number"),
+])
+def test_a_bad_count_per_size_is_named(spec, named):
+    with pytest.raises(ValidationError, match=named):
+        SplitSpec.model_validate(spec)
+
+
 
 def test_same_config_same_bytes_any_worker_count(tmp_path, visgym_fixture):
     a = generate_dataset(small_config(), tmp_path / "a", visgym_fixture, workers=1)

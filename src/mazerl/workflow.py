@@ -61,7 +61,7 @@ def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, 
 
     cfg = load_preset(preset).model_copy(update={"train_seed": train_seed})
     ref = resolve_reference(reference)
-    total = sum(s.count * (1 if s.derived_from else len(s.sizes) * len(s.algorithms)) for s in cfg.splits.values())
+    total = sum(s.total() for s in cfg.splits.values())
     if ref is not None:
         from .mazes.visgym import load_visgym_fixture
 

@@ -994,9 +994,9 @@ def evaluation_groups(preset: str, heldout: int, other: int, render_scale: float
             continue
         source = cfg.splits[spec.derived_from] if spec.derived_from else spec
         if spec.derived_from is None:  # written size by size, each size's algorithms in turn
-            blocks = [(size, spec.count * len(spec.algorithms)) for size in spec.sizes]
+            blocks = [(size, spec.count_of(size) * len(spec.algorithms)) for size in spec.sizes]
         else:  # layouts sampled from the source split: its largest size bounds them
-            blocks = [(max(source.sizes, key=lambda rc: rc[0] * rc[1]), spec.count)]
+            blocks = [(max(source.sizes, key=lambda rc: rc[0] * rc[1]), spec.total())]
         for (rows, cols), n in _played(blocks, heldout if name == "heldout" else other):
             fixed = spec.max_turns if spec.max_turns is not None else source.max_turns  # a derived split keeps its source's
             budget = fixed if fixed is not None else default_turn_budget(rows * cols - 1)

@@ -40,12 +40,18 @@ FORMAT = "mazerl.mazes/v1"
 Size = Annotated[tuple[int, int], Field(description="(rows, cols) in cells")]
 
 
+MazeCount = Annotated[int, Field(ge=1, le=1_000_000)]
+
+
 class SplitSpec(BaseModel):
-    """One split. `count` mazes are drawn for every (size, algorithm) combination."""
+    """One split. `count` mazes are drawn for every (size, algorithm) combination; a count per size
+    ({'4x4': 2000, '5x5': 222}) weights a pool toward some sizes."""
 
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    count: int = Field(ge=1, le=1_000_000)
+    count: MazeCount | dict[str, MazeCount] = Field(
+        description="mazes per (size, algorithm), for every size or per size (a mapping must name every size)"
+    )
     sizes: list[Size] = Field(default_factory=lambda: [(4, 4)])
     algorithms: list[str] = Field(default_factory=lambda: ["wilson"])
     placement: Literal["visgym-corners", "random", "dead-ends"] = "visgym-corners"
@@ -67,14 +73,14 @@ class SplitSpec(BaseModel):
         except MazeError as err:
             raise ValueError(str(err)) from None
 
-    @field_validator("max_turns", mode="before")
+    @field_validator("max_turns", "count", mode="before")
     @classmethod
-    def _budgets(cls, v):
+    def _per_size(cls, v, info):
         if isinstance(v, dict):  # keys as 'RxC', whatever form of size was given
             try:
                 return {size_name(parse_size(k)): n for k, n in v.items()}
             except MazeError as err:
-                raise ValueError(f"max_turns names a size it cannot read: {err}") from None
+                raise ValueError(f"{info.field_name} names a size it cannot read: {err}") from None
         return v
 
     @field_validator("max_turns", mode="after")
@@ -91,14 +97,33 @@ class SplitSpec(BaseModel):
             return self.max_turns.get(size_name(cells))
         return self.max_turns
 
+    def count_of(self, cells: tuple[int, int]) -> int:
+        """How many mazes of `cells` (rows, cols) this split draws for each of its algorithms."""
+        return self.count[size_name(cells)] if isinstance(self.count, dict) else self.count
+
+    def total(self) -> int:
+        """How many mazes the split holds (a derived split: `count` layouts of its source)."""
+        if self.derived_from is not None:
+            return self.count_of(self.sizes[0])
+        return sum(self.count_of(cells) for cells in self.sizes) * len(self.algorithms)
+
     @model_validator(mode="after")
     def _budget_sizes(self):
+        named = {size_name(cells) for cells in self.sizes}
         if isinstance(self.max_turns, dict):
-            named = {size_name(cells) for cells in self.sizes}
             extra = sorted(set(self.max_turns) - named)
             if extra:
                 raise ValueError(f"max_turns gives a budget for {', '.join(extra)}, which is not among the split's sizes "
                                  f"({', '.join(sorted(named))})")
+        if isinstance(self.count, dict):
+            extra, missing = sorted(set(self.count) - named), sorted(named - set(self.count))
+            if extra or missing:
+                raise ValueError(f"count per size must name exactly the split's sizes ({', '.join(sorted(named))}): "
+                                 + "; ".join(([f"{', '.join(extra)} not among them"] if extra else [])
+                                             + ([f"no count for {', '.join(missing)}"] if missing else [])))
+            if self.derived_from is not None:
+                raise ValueError(f"a derived split draws `count` layouts of {self.derived_from!r}, whatever their size: "
+                                 "give one number")
         return self
 
     @model_validator(mode="after")
@@ -290,7 +315,8 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
         budget = spec.budget(cells)
         for algorithm in spec.algorithms:
             accepted = 0
-            limit = spec.count * attempts_per_maze
+            wanted = spec.count_of(cells)
+            limit = wanted * attempts_per_maze
             argses = (
                 (i, derive_seed(base_seed, name, size, algorithm, i), algorithm, cells, spec.placement, spec.min_moves)
                 for i in range(limit)
@@ -310,12 +336,12 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
                 rows.append(_row(maze_id, name, maze, spec.placement, budget, render, hashes=(lh, wh)))
                 accepted += 1
                 progress(1)
-                if accepted == spec.count:
+                if accepted == wanted:
                     break
-            if accepted < spec.count:
+            if accepted < wanted:
                 raise MazeError(
                     f"split {name!r} ({size}, {algorithm}): found only {accepted} unique layouts of "
-                    f"{spec.count} requested after {tried} draws ({too_long} needed more than max_turns = "
+                    f"{wanted} requested after {tried} draws ({too_long} needed more than max_turns = "
                     f"{budget} turns; the other splits hold {len(seen) - accepted} layouts); "
                     "lower the count, raise max_turns, use a larger size, or set dedup: layout"
                 )
@@ -323,10 +349,11 @@ def _generate_split(name: str, spec: SplitSpec, base_seed: int, seen: set[str], 
 
 
 def _derive_split(name: str, spec: SplitSpec, source_rows: list[dict], base_seed: int) -> list[dict]:
-    if spec.count > len(source_rows):
-        raise MazeError(f"split {name!r} wants {spec.count} layouts from {spec.derived_from!r}, which has {len(source_rows)}")
+    wanted = spec.total()
+    if wanted > len(source_rows):
+        raise MazeError(f"split {name!r} wants {wanted} layouts from {spec.derived_from!r}, which has {len(source_rows)}")
     rng = random.Random(derive_seed(base_seed, name, "sample"))
-    picked = sorted(rng.sample(range(len(source_rows)), spec.count))
+    picked = sorted(rng.sample(range(len(source_rows)), wanted))
     rows = []
     for k, i in enumerate(picked):
         src = dict(source_rows[i])
@@ -426,7 +453,7 @@ def generate_dataset(
     try:
         for name in order:
             spec = config.splits[name]
-            total = spec.count * (1 if spec.derived_from else len(spec.sizes) * len(spec.algorithms))
+            total = spec.total()
             if spec.derived_from is not None:
                 results[name] = _derive_split(name, spec, results[spec.derived_from], config.eval_seed)
                 tick(name, total)(total)
