@@ -4,6 +4,7 @@ from kfp.dsl import HTML, Dataset, Input, Metrics, Output
 def compare(base: Input[Dataset], new: Input[Dataset], min_gain: float, max_p_value: float, guards: bool,
             guard_p_value: float, guard_margin: float, guard_success_tolerance: float, guard_loop_tolerance: float,
             guard_wall_bump_tolerance: float, guard_steps_tolerance: float, guard_splits: str,
+            guard_loop_splits: str,
             result: Output[Dataset], metrics: Output[Metrics], report: Output[HTML]) -> int:
     """Paired comparison of two evaluations and the promotion decision.
 
@@ -21,6 +22,7 @@ def compare(base: Input[Dataset], new: Input[Dataset], min_gain: float, max_p_va
         guard_wall_bump_tolerance: rise in heldout wall bumps per turn allowed.
         guard_steps_tolerance: rise in heldout steps/optimal (mazes both solve) allowed.
         guard_splits: splits whose success is guarded, comma-separated ('' = every evaluated split).
+        guard_loop_splits: splits whose loop rate is guarded, comma-separated ('' = every evaluated split).
         result: comparison.json, compare.html, compare.md.
         metrics: the decision's figures (success_diff, p_value, improved, guards_blocking, each guard's
             pass/fail as guard/<name>) for the pipeline UI.
@@ -37,7 +39,7 @@ def compare(base: Input[Dataset], new: Input[Dataset], min_gain: float, max_p_va
     guard_values = {"guards": guards, "guard_p_value": guard_p_value, "guard_margin": guard_margin,
                     "guard_success_tolerance": guard_success_tolerance, "guard_loop_tolerance": guard_loop_tolerance,
                     "guard_wall_bump_tolerance": guard_wall_bump_tolerance, "guard_steps_tolerance": guard_steps_tolerance,
-                    "guard_splits": guard_splits}
+                    "guard_splits": guard_splits, "guard_loop_splits": guard_loop_splits}
     outcome = run(base.path, new.path, result.path, min_gain, max_p_value, guard_values)
     shutil.copyfile(Path(result.path) / "compare.html", report.path)
     d = outcome["decision"]

@@ -51,6 +51,7 @@ def build_pipeline(profile: Profile):
         guard_wall_bump_tolerance: float = 0.0,
         guard_steps_tolerance: float = 0.05,
         guard_splits: str = "",
+        guard_loop_splits: str = "heldout",
         registry_root: str = profile.storage.root,
     ):
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -83,7 +84,8 @@ def build_pipeline(profile: Profile):
                                         guard_loop_tolerance=guard_loop_tolerance,
                                         guard_wall_bump_tolerance=guard_wall_bump_tolerance,
                                         guard_steps_tolerance=guard_steps_tolerance,
-                                        guard_splits=guard_splits).set_caching_options(False)
+                                        guard_splits=guard_splits,
+                                        guard_loop_splits=guard_loop_splits).set_caching_options(False)
             with dsl.If(decision.outputs["Output"] == 1, name="improved"):
                 promote = comps["promote"](model=train.outputs["model"], registry_root=registry_root, eval_splits_hash=gen.outputs["Output"],
                                  comparison=decision.outputs["result"],

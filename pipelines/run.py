@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kfp import compiler, local
 
-from ..pipeline_spec import check_parameters
+from ..pipeline_spec import check_parameters, pipeline_defaults
 from ..profiles import Profile
 from ..task_logs import console_line, split_task_logs, tee_stdout
 
@@ -91,15 +91,19 @@ def run_local(profile: Profile, pipeline_root: str | Path, arguments: dict) -> o
         return build_pipeline(profile)(**arguments)
 
 
-def check_arguments(profile: Profile, arguments: dict) -> dict:
-    """The parameter checks a submission gets (names, types, the guards' ranges), against this profile's
-    compiled spec."""
+def check_arguments(profile: Profile, arguments: dict, run_settings: dict | None = None) -> dict:
+    """The parameter checks a submission gets (names, types, the guards' ranges and the splits they name), against
+    this profile's compiled spec. `run_settings`: the run's other arguments (a run config's, the reference file),
+    which decide what the guards can name."""
     from ..evaluation.guards import GUARD_PARAMETERS, guard_settings
-    from ..workflow import MODEL_VIEW_PARAMETER, check_model_view
+    from ..workflow import MODEL_VIEW_PARAMETER, check_guarded_splits, check_model_view
 
     with tempfile.TemporaryDirectory() as tmp:
-        checked = check_parameters(compile_pipeline(profile, Path(tmp) / "pipeline.yaml"), arguments)
+        package = compile_pipeline(profile, Path(tmp) / "pipeline.yaml")
+        checked = check_parameters(package, arguments)
+        defaults = pipeline_defaults(package)
     guard_settings({k: v for k, v in checked.items() if k in GUARD_PARAMETERS})  # a bad one: a ConfigError naming it
+    check_guarded_splits({**defaults, **(run_settings or {}), **checked})
     check_model_view(checked.get(MODEL_VIEW_PARAMETER))  # an unknown view: a ViewError listing the views
     return checked
 

@@ -48,6 +48,26 @@ def test_more_loops_block_a_promotion_that_heldout_success_alone_would_pass():
     assert tolerant["loop_rate"]["passed"]
 
 
+def test_loops_on_a_larger_level_block_only_where_guard_loop_splits_names_that_split():
+    """Heldout's loops as they were, hard-64's doubled (the 4x4 hour's pattern): the default guards heldout's only;
+    naming the split (or '' for every split) adds its own loop guard, which blocks."""
+    paired = {"heldout": (_episodes(500, 0.3, loop=0.11), _episodes(500, 0.6, loop=0.11)),
+              "visgym-hard-64": (_episodes(300, 0.1, loop=0.15, seed=3), _episodes(300, 0.2, loop=0.35, seed=3))}
+    default = _by_name(evaluate_guards(paired, guard_settings({})))
+    assert default["loop_rate"]["passed"] and "loop_rate:visgym-hard-64" not in default
+    for value in ("heldout,visgym-hard-64", ""):
+        named = _by_name(evaluate_guards(paired, guard_settings({"guard_loop_splits": value})))
+        hard = named["loop_rate:visgym-hard-64"]
+        assert not hard["passed"] and hard["split"] == "visgym-hard-64" and hard["metric"] == "loop rate"
+        assert (hard["base"], hard["new"]) == (0.15, 0.35) and named["loop_rate"]["passed"]
+    assert guard_settings({"guard_loop_splits": "heldout, visgym-hard-64"}).loop_splits == ["heldout", "visgym-hard-64"]
+    # a comparison without heldout still gets its other guards by default, and a clear error where heldout is named
+    only_hard = {"visgym-hard-64": paired["visgym-hard-64"]}
+    assert "loop_rate" not in _by_name(evaluate_guards(only_hard, GuardSettings()))
+    with pytest.raises(MazeError, match="guard_loop_splits names 'heldout'"):
+        evaluate_guards(only_hard, guard_settings({"guard_loop_splits": "heldout"}))
+
+
 def test_a_split_significantly_worse_blocks_and_a_small_one_is_undecided_not_passed():
     paired = {"heldout": (_episodes(300, 0.3), _episodes(300, 0.4)),
               "larger": (_episodes(200, 0.5, seed=1), _episodes(200, 0.3, seed=1)),
@@ -110,10 +130,11 @@ def test_guard_parameters_out_of_range_are_named(values, named):
         guard_settings(values)
 
 
-def test_a_guard_naming_a_split_the_evaluation_lacks_is_a_clear_error(oracle_and_random, tmp_path):
+@pytest.mark.parametrize("parameter", ["guard_splits", "guard_loop_splits"])
+def test_a_guard_naming_a_split_the_evaluation_lacks_is_a_clear_error(oracle_and_random, tmp_path, parameter):
     e = oracle_and_random
-    with pytest.raises(MazeError, match="'larger'.*evaluated: heldout, tiny"):
-        compare(str(e / "oracle"), str(e / "random"), str(tmp_path / "cmp"), 0.0, 0.05, {"guard_splits": "heldout,larger"})
+    with pytest.raises(MazeError, match=f"{parameter} names 'larger'.*evaluated: heldout, tiny"):
+        compare(str(e / "oracle"), str(e / "random"), str(tmp_path / "cmp"), 0.0, 0.05, {parameter: "heldout,larger"})
     assert not (tmp_path / "cmp" / "comparison.json").exists()
 
 
@@ -122,6 +143,30 @@ def test_a_pipeline_run_with_a_negative_guard_tolerance_is_refused_before_it_sta
     result = runner.invoke(app, ["pipeline", "run", "--config", "smoke", "--param", "guard_loop_tolerance=-0.1"])
     assert_clear_error(result, "guard_loop_tolerance")
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("comparison.json"))
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--param", "guard_loop_splits=heldout,visgym-hard"], "guard_loop_splits names 'visgym-hard'"),
+    (["--param", "guard_splits=heldout,larger,nope"], "guard_splits names 'nope'"),
+    # without the reference file there is no hard-64 to guard
+    (["--reference", "none", "--param", "guard_loop_splits=visgym-hard-64"], "guard_loop_splits names 'visgym-hard-64'")])
+def test_a_pipeline_run_guarding_a_split_it_will_not_evaluate_is_refused_before_it_starts(args, named, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["pipeline", "run", "--config", "smoke", *args])
+    assert_clear_error(result, named)
+    assert "evaluated: heldout, larger, algorithm-shift, visual-shift" in " ".join(result.output.split())
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("comparison.json"))
+
+
+def test_the_splits_a_run_will_evaluate_are_the_presets_and_the_reference_files():
+    from mazerl.profiles import load_profile
+    from mazerl.pipelines.run import check_arguments
+    from mazerl.workflow import evaluation_split_names
+
+    assert evaluation_split_names("smoke", "visgym")[-2:] == ["visgym-easy-64", "visgym-hard-64"]
+    assert "train" not in evaluation_split_names("default", "none")
+    checked = check_arguments(load_profile("local"), {"guard_loop_splits": "heldout,visgym-hard-64", "guard_splits": ""})
+    assert checked["guard_loop_splits"] == "heldout,visgym-hard-64"
 
 
 @pytest.mark.parametrize("script, option, value, allowed", [

@@ -168,6 +168,9 @@ def test_bad_requests_fail_clearly_and_send_nothing_wrong(kfp, tmp_path):
     assert unknown.exit_code == 2 and "grpo_stpes" in unknown.output and "grpo_steps" in unknown.output
     wrong_type = cli("submit", *_token_args(kfp), "--param", "grpo_steps=many", env=TOKEN_ENV)
     assert wrong_type.exit_code == 2 and "grpo_steps" in wrong_type.output and "integer" in wrong_type.output
+    unguardable = cli("submit", *_token_args(kfp), "--param", "guard_loop_splits=heldout,visgym-hard", env=TOKEN_ENV)
+    assert unguardable.exit_code == 2 and "guard_loop_splits names 'visgym-hard'" in unguardable.output
+    assert "visgym-hard-64" in unguardable.output  # what there is to guard
 
     five_fields = cli("schedule", *_token_args(kfp), "--cron", "0 3 * * *", env=TOKEN_ENV)
     assert five_fields.exit_code == 2 and "6-field" in five_fields.output and "seconds first" in five_fields.output

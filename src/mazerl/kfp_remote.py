@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from .errors import UserError
-from .pipeline_spec import check_parameters, package_digest, pipeline_name
+from .pipeline_spec import check_parameters, package_digest, pipeline_defaults, pipeline_name
 
 AuthMode = Literal["none", "token", "kube"]
 TOKEN_ENV = "MAZERL_KFP_TOKEN"
@@ -463,9 +463,10 @@ def prepare(conn: Connection, package: str | Path, params: dict[str, Any], exper
     checked parameters."""
     params = check_parameters(package, params)
     from .evaluation.guards import GUARD_PARAMETERS, guard_settings
-    from .workflow import MODEL_VIEW_PARAMETER, check_model_view
+    from .workflow import MODEL_VIEW_PARAMETER, check_guarded_splits, check_model_view
 
     guard_settings({k: v for k, v in params.items() if k in GUARD_PARAMETERS})  # out of range: a ConfigError naming it
+    check_guarded_splits({**pipeline_defaults(package), **params})  # a split the run will not evaluate: named
     check_model_view(params.get(MODEL_VIEW_PARAMETER))  # an unknown view: a ViewError listing the views
     session = connect(conn)
     namespace = session.namespace(namespace)

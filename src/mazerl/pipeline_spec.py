@@ -28,6 +28,12 @@ _PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": float
 _INT64 = (-(2**63), 2**63 - 1)  # KFP sends integers as protobuf int64
 
 
+def pipeline_defaults(package: str | Path) -> dict[str, Any]:
+    """Name -> default value, for the parameters that have one."""
+    params = _spec(package).get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    return {name: p["defaultValue"] for name, p in params.items() if "defaultValue" in p}
+
+
 def check_parameters(package: str | Path, params: dict[str, Any]) -> dict[str, Any]:
     """Reject names the pipeline does not take and values of the wrong kind, before a run starts.
     Text (`--param name=TEXT`) is read by the parameter's type: a STRING parameter keeps it exactly as

@@ -55,6 +55,40 @@ def resolve_reference(reference: str | None) -> str | None:
     return reference
 
 
+def evaluation_split_names(preset: str, reference: str | None) -> list[str]:
+    """The splits a run's evaluations will have: the dataset preset's generated splits but train, then the
+    reference file's (named BASE-N after the mazes it holds, as generate names them)."""
+    from .mazes.splits import TRAIN_SPLIT, reference_split_name
+    from .mazes.splits import preset as load_preset
+    from .mazes.visgym import load_visgym_fixture
+
+    cfg = load_preset(preset)
+    names = [n for n in cfg.splits if n != TRAIN_SPLIT]
+    ref = resolve_reference(reference)
+    if ref is not None:
+        episodes = load_visgym_fixture(ref)
+        for base, env_id in cfg.reference_splits.items():
+            count = sum(e.env_id == env_id for e in episodes)
+            if count:
+                names.append(reference_split_name(base, count))
+    return names
+
+
+def check_guarded_splits(params: dict) -> None:
+    """Before a run starts: the splits `guard_splits` and `guard_loop_splits` name must be among those the run
+    will evaluate (from its `dataset_preset` and `reference`); else a ConfigError naming the parameter (found only
+    at the compare step, it would come after the training)."""
+    from .evaluation.guards import GUARD_PARAMETERS, guarded_splits
+
+    if not any(params.get(k) for k in ("guard_splits", "guard_loop_splits")):
+        return
+    settings = guard_settings({k: v for k, v in params.items() if k in GUARD_PARAMETERS})
+    try:
+        guarded_splits(settings, evaluation_split_names(params.get("dataset_preset", "default"), params.get("reference")))
+    except MazeError as err:
+        raise ConfigError(str(err)) from None
+
+
 def generate(out_dir: str, preset: str, reference: str | None, train_seed: int, registry_root: str | None = None) -> dict:
     from .mazes.splits import generate_dataset
     from .mazes.splits import preset as load_preset

@@ -52,17 +52,17 @@ def pipeline_run_cmd(
     runner = _pipeline_modules()
     if config not in runner.RUN_CONFIGS:
         _fail(f"unknown --config {config!r}: allowed {', '.join(runner.RUN_CONFIGS)}")
-    try:
-        overrides = runner.check_arguments(prof, parse_overrides(param or []))
-    except ConfigError as err:
-        _fail(str(err))
-    root = Path(prof.storage.root)
-    arguments = {"registry_root": str(root / "registry"), **runner.RUN_CONFIGS[config], **overrides}
     if reference is not None:
         from ..workflow import resolve_reference
 
         resolve_reference(reference)  # a missing file: one message now, not a generate task failing and retrying
-        arguments["reference"] = reference
+    run_settings = {**runner.RUN_CONFIGS[config], **({"reference": reference} if reference is not None else {})}
+    try:
+        overrides = runner.check_arguments(prof, parse_overrides(param or []), run_settings)
+    except ConfigError as err:
+        _fail(str(err))
+    root = Path(prof.storage.root)
+    arguments = {"registry_root": str(root / "registry"), **run_settings, **overrides}
     console.print(f"running the mazerl DAG locally (profile {prof.name}, config {config}); full logs under {root / 'runs'}",
                   soft_wrap=True, highlight=False)
     run = runner.run_local_logged(prof, root, arguments, verbose=verbose)
