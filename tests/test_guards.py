@@ -179,7 +179,9 @@ def test_the_splits_a_run_will_evaluate_are_the_presets_and_the_reference_files(
     ("bench_signals.py", "--train-seeds", "1,x", "non-negative integers"),
     ("bench_signals.py", "--train-seeds", "-1", "non-negative integers"),
     ("bench_learning.py", "--train-pool", "nope", "mixed-sizes"),
-    ("bench_learning.py", "--train-pool", "mostly-4x4 --train-data x.parquet", "not both")])
+    ("bench_learning.py", "--train-pool", "mostly-4x4 --train-data x.parquet", "not both"),
+    ("bench_continuation.py", "--run", "nowhere --steps 5 --mazes nowhere", "not a pipeline train-grpo task directory"),
+    ("bench_continuation.py", "--steps", "0 --run nowhere --mazes nowhere", "give 1 or more")])
 def test_a_benchmark_refuses_a_bad_option_before_it_writes_anything(script, option, value, allowed, tmp_path):
     import subprocess
     import sys
