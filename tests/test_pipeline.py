@@ -327,7 +327,7 @@ def test_a_decision_to_promote_that_no_promote_step_carried_out_is_a_failure(tmp
     (run_dir / "compare" / "result" / "comparison.json").write_text(json.dumps({"splits": {}, "decision": decision}))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(pipeline_run, "run_local_logged", lambda *a, **k: LocalRun(run_dir, run_dir / "pipeline.log"))
-    monkeypatch.setattr(pipeline_run, "check_arguments", lambda profile, arguments: arguments)
+    monkeypatch.setattr(pipeline_run, "check_arguments", lambda profile, arguments, run_settings=None: arguments)
     monkeypatch.setattr("mazerl.evaluation.report.compare_tables", lambda comparison: [["split"]])
     result = runner.invoke(app, ["pipeline", "run", "--config", "smoke"])
     assert result.exit_code == 1, result.output
