@@ -91,7 +91,8 @@ def pipeline_gate(base_model: str, final: Path, mazes: Path, out: Path, grpo_con
         print(f"{name}: {row['success_base']:.3f} -> {row['success_new']:.3f} ({100 * row['success_diff']:+.1f} points, "
               f"p = {row['mcnemar_p']:.2g}); loops {row['loop_rate_base']:.3f} -> {row['loop_rate_new']:.3f} "
               f"(p = {row['loop_mcnemar_p']:.2g})", flush=True)
-    print("gate: " + ("promoted" if gate["promoted"] else f"not promoted (blocked by {', '.join(gate['blocked_by'])})"))
+    why = f"blocked by {', '.join(gate['blocked_by'])}" if gate["blocked_by"] else "heldout gain not significant"
+    print("gate: " + ("promoted" if gate["promoted"] else f"not promoted ({why})"))
     return gate
 
 
