@@ -95,15 +95,13 @@ def check_arguments(profile: Profile, arguments: dict, run_settings: dict | None
     """The parameter checks a submission gets (names, types, the guards' ranges and the splits they name), against
     this profile's compiled spec. `run_settings`: the run's other arguments (a run config's, the reference file),
     which decide what the guards can name."""
-    from ..evaluation.guards import GUARD_PARAMETERS, guard_settings
-    from ..workflow import MODEL_VIEW_PARAMETER, check_guarded_splits, check_model_view
+    from ..workflow import MODEL_VIEW_PARAMETER, check_guard_parameters, check_model_view
 
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(profile, Path(tmp) / "pipeline.yaml")
         checked = check_parameters(package, arguments)
         defaults = pipeline_defaults(package)
-    guard_settings({k: v for k, v in checked.items() if k in GUARD_PARAMETERS})  # a bad one: a ConfigError naming it
-    check_guarded_splits({**defaults, **(run_settings or {}), **checked})
+    check_guard_parameters({**defaults, **(run_settings or {}), **checked})  # a bad one: a ConfigError naming it
     check_model_view(checked.get(MODEL_VIEW_PARAMETER))  # an unknown view: a ViewError listing the views
     return checked
 

@@ -462,11 +462,9 @@ def prepare(conn: Connection, package: str | Path, params: dict[str, Any], exper
     reuse) the version, find or create the experiment. Returns the session, the target and the
     checked parameters."""
     params = check_parameters(package, params)
-    from .evaluation.guards import GUARD_PARAMETERS, guard_settings
-    from .workflow import MODEL_VIEW_PARAMETER, check_guarded_splits, check_model_view
+    from .workflow import MODEL_VIEW_PARAMETER, check_guard_parameters, check_model_view
 
-    guard_settings({k: v for k, v in params.items() if k in GUARD_PARAMETERS})  # out of range: a ConfigError naming it
-    check_guarded_splits({**pipeline_defaults(package), **params})  # a split the run will not evaluate: named
+    check_guard_parameters({**pipeline_defaults(package), **params})  # out of range or a split not evaluated: named
     check_model_view(params.get(MODEL_VIEW_PARAMETER))  # an unknown view: a ViewError listing the views
     session = connect(conn)
     namespace = session.namespace(namespace)

@@ -74,15 +74,16 @@ def evaluation_split_names(preset: str, reference: str | None) -> list[str]:
     return names
 
 
-def check_guarded_splits(params: dict) -> None:
-    """Before a run starts: the splits `guard_splits` and `guard_loop_splits` name must be among those the run
-    will evaluate (from its `dataset_preset` and `reference`); else a ConfigError naming the parameter (found only
-    at the compare step, it would come after the training)."""
+def check_guard_parameters(params: dict) -> None:
+    """Before a run starts, the guard parameters among a run's `params` (given and default): each in its range, and
+    the splits `guard_splits` and `guard_loop_splits` name among those the run will evaluate (from its
+    `dataset_preset` and `reference`; found only at the compare step, a bad one would come after the training).
+    Either wrong: a ConfigError naming the parameter and what is allowed."""
     from .evaluation.guards import GUARD_PARAMETERS, guarded_splits
 
+    settings = guard_settings({k: v for k, v in params.items() if k in GUARD_PARAMETERS})
     if not any(params.get(k) for k in ("guard_splits", "guard_loop_splits")):
         return
-    settings = guard_settings({k: v for k, v in params.items() if k in GUARD_PARAMETERS})
     try:
         guarded_splits(settings, evaluation_split_names(params.get("dataset_preset", "default"), params.get("reference")))
     except MazeError as err:
