@@ -139,16 +139,29 @@ def test_init_tiny_cli(tmp_path):
 
 def test_every_tiny_size_loads_through_the_real_path_and_fits_a_shipped_base(tmp_path):
     """Each size is a Qwen3-VL that AutoModelForImageTextToText opens; the ones pretraining may ship
-    (base, deep) fit the 20 MiB cap in fp32."""
+    (base, deep, base-deep) fit the 20 MiB cap in fp32."""
     from transformers import AutoModelForImageTextToText
 
     from mazerl.policy.tiny import SIZES, init_tiny
 
-    for size in ("base", "deep"):
+    for size in ("base", "deep", "base-deep"):
         model = AutoModelForImageTextToText.from_pretrained(init_tiny(tmp_path / size, size=size))
         text = model.config.text_config
         assert (text.num_hidden_layers, text.head_dim) == (SIZES[size]["layers"], SIZES[size]["head_dim"])
         assert sum(p.numel() for p in model.parameters()) * 4 <= 20 * 2**20, size
+
+
+def test_base_deep_is_base_with_twice_the_text_layers_and_takes_the_maze_vision_init(tmp_path):
+    """The depth experiment changes one thing: the text depth. Its vision tower is base's, so the
+    maze-reading start (four neighbour heads, agent and goal finders) applies to it."""
+    from transformers import AutoModelForImageTextToText
+
+    from mazerl.policy.tiny import SIZES, init_tiny
+
+    assert {k: v for k, v in SIZES["base-deep"].items() if k != "layers"} == {k: v for k, v in SIZES["base"].items() if k != "layers"}
+    assert SIZES["base-deep"]["layers"] == 2 * SIZES["base"]["layers"]
+    model = AutoModelForImageTextToText.from_pretrained(init_tiny(tmp_path / "m", size="base-deep", vision_init="maze"))
+    assert model.config.text_config.num_hidden_layers == 8
 
 
 def _block_output(model, image_processor, frame, layer: int = 0):

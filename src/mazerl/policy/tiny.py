@@ -66,8 +66,12 @@ SIZES = {
     # layers for following a route through the maze, within the 20 MB cap of a shipped base.
     "deep": dict(hidden=192, layers=8, heads=3, kv_heads=1, head_dim=64, mlp=512, v_hidden=128, v_depth=3, v_heads=2, v_mlp=512,
                  patch=16, merge=1, vocab=1024, whole_phrases=True),
+    # base with twice the text layers and nothing else changed, so `vision_init: maze` (four vision heads)
+    # still applies: does depth raise where GRPO levels off? (docs/history.md, 2026-12-07: it does not)
+    "base-deep": dict(hidden=192, layers=8, heads=4, kv_heads=2, head_dim=48, mlp=576, v_hidden=128, v_depth=3, v_heads=4,
+                      v_mlp=512, patch=16, merge=1, vocab=1024, whole_phrases=True),
 }
-TinySize = Literal["small", "medium", "base", "deep"]
+TinySize = Literal["small", "medium", "base", "deep", "base-deep"]
 # How the vision tower starts: "random" (Hugging Face's init); "neighbours": block 0's first four heads
 # look at the square to the right, above, left and below (position-only attention, as ConViT starts its
 # heads local), so every vision token carries its neighbours' content from step 0; "maze": that, and
@@ -350,7 +354,8 @@ def init_tiny(out: str | Path, size: TinySize = "small", seed: int = 0, overwrit
     if vision_init not in ("random", "neighbours", "maze"):
         raise ValueError(f"unknown vision_init {vision_init!r}: allowed random, neighbours, maze")
     if vision_init != "random" and (spec["patch"] != 16 or spec["merge"] != 1):
-        raise ValueError(f"vision_init {vision_init!r} needs one vision token per 16 px square (sizes base, deep), not {size!r}")
+        square_sizes = ", ".join(k for k, v in SIZES.items() if v["patch"] == 16 and v["merge"] == 1)
+        raise ValueError(f"vision_init {vision_init!r} needs one vision token per 16 px square (sizes {square_sizes}), not {size!r}")
     tokenizer = build_tokenizer(spec["vocab"], whole_phrases=spec["whole_phrases"])
     processor = build_processor(tokenizer, spec["patch"], spec["merge"])
     config = build_config(tokenizer, size)

@@ -74,7 +74,7 @@ class PretrainConfig(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
-    size: Literal["small", "medium", "base", "deep"] = "base"
+    size: Literal["small", "medium", "base", "deep", "base-deep"] = "base"
     vision_init: Literal["random", "neighbours", "maze"] = Field(
         "maze", description="how the vision tower starts (policy.tiny.VisionInit): random, neighbours, or maze "
                               "(neighbour heads, and heads that find the agent and the goal)")
