@@ -66,11 +66,10 @@ SIZES = {
     # layers for following a route through the maze, within the 20 MB cap of a shipped base.
     "deep": dict(hidden=192, layers=8, heads=3, kv_heads=1, head_dim=64, mlp=512, v_hidden=128, v_depth=3, v_heads=2, v_mlp=512,
                  patch=16, merge=1, vocab=1024, whole_phrases=True),
-    # base with twice the text layers and nothing else changed, so `vision_init: maze` (four vision heads)
-    # still applies: does depth raise where GRPO levels off? (docs/history.md, 2026-12-07: it does not)
-    "base-deep": dict(hidden=192, layers=8, heads=4, kv_heads=2, head_dim=48, mlp=576, v_hidden=128, v_depth=3, v_heads=4,
-                      v_mlp=512, patch=16, merge=1, vocab=1024, whole_phrases=True),
 }
+# base with twice the text layers and nothing else changed, so `vision_init: maze` (four vision heads)
+# still applies: does depth raise where GRPO levels off? (docs/history.md, 2026-12-07: it does not)
+SIZES["base-deep"] = dict(SIZES["base"], layers=8)
 TinySize = Literal["small", "medium", "base", "deep", "base-deep"]
 # How the vision tower starts: "random" (Hugging Face's init); "neighbours": block 0's first four heads
 # look at the square to the right, above, left and below (position-only attention, as ConViT starts its
